@@ -1,0 +1,123 @@
+"""`llm-gateway` (= `python -m server`): serve, prepare-model, check-config."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from server.settings import EMBEDDED_MODEL, Settings, load_settings
+
+logger = logging.getLogger("llm_gateway")
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="YAML profile (default: $LLM_GATEWAY_CONFIG or built-in defaults)")
+    parser.add_argument("--host", help="bind address (server.host)")
+    parser.add_argument("--port", type=int, help="bind port (server.port)")
+    parser.add_argument("--state-dir", help="state directory (server.state_dir)")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--model", help="model directory or hub id (engine.model)")
+    parser.add_argument("--served-model-name", help="name clients send as `model` (engine.served_model_name)")
+    parser.add_argument("--max-model-len", type=int, help="context length (engine.max_model_len)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    server = {
+        "host": args.host,
+        "port": args.port,
+        "state_dir": args.state_dir,
+        "log_level": args.log_level,
+    }
+    engine = {
+        "model": args.model,
+        "served_model_name": args.served_model_name,
+        "max_model_len": args.max_model_len,
+    }
+    out: dict[str, Any] = {}
+    if any(v is not None for v in server.values()):
+        out["server"] = {k: v for k, v in server.items() if v is not None}
+    if any(v is not None for v in engine.values()):
+        out["engine"] = {k: v for k, v in engine.items() if v is not None}
+    return out
+
+
+def _load(args: argparse.Namespace) -> Settings:
+    try:
+        return load_settings(args.config, **_overrides(args))
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "settings"
+            lines.append(f"  {loc}: {err['msg']}")
+        sys.exit("invalid configuration:\n" + "\n".join(lines))
+    except FileNotFoundError as exc:
+        sys.exit(f"invalid configuration: {exc}")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    _setup_logging(settings.server.log_level)
+    from server.lifespan import run
+
+    return run(settings)
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    if args.if_needed and settings.engine.model != EMBEDDED_MODEL:
+        print(f"[prepare-model] profile uses {settings.engine.model}; nothing to prepare")
+        return 0
+    from server.model_prep import prepare_embedded_model
+
+    prepare_embedded_model(settings.server.state_dir, force=args.force)
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = _load(args)
+    from server.profile_checks import profile_warnings
+
+    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    for warning in profile_warnings(settings):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI API")
+    _add_config_args(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    prep = sub.add_parser("prepare-model", help="download, verify and convert the embedded model")
+    _add_config_args(prep)
+    prep.add_argument("--force", action="store_true", help="convert again even if verified")
+    prep.add_argument("--if-needed", action="store_true",
+                      help="do nothing unless the profile uses the embedded model")
+    prep.set_defaults(func=cmd_prepare_model)
+
+    check = sub.add_parser("check-config", help="validate a profile and print the effective settings")
+    _add_config_args(check)
+    check.set_defaults(func=cmd_check_config)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

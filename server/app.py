@@ -1,0 +1,147 @@
+"""`build_app(settings, holder)`: the FastAPI application, its middleware and error handlers."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server import __version__
+from server.errors import GatewayError, error_body
+from server.holder import EngineHolder
+from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
+from server.routes import openai as openai_routes
+from server.routes import ops as ops_routes
+from server.serving.completions import CompletionService
+from server.settings import Settings
+
+logger = logging.getLogger("llm_gateway.access")
+
+MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
+
+
+class MetricsMiddleware:
+    """Counts, times and logs every request (pure ASGI, so streaming is not buffered)."""
+
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        scope.setdefault("state", {})["started"] = started
+        path = scope["path"]
+        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        scope["state"]["request_id"] = request_id
+        measured = path not in UNMEASURED_ROUTES
+        route = path if path in MEASURED_ROUTES else "other"
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [
+                    (b"x-request-id", request_id.encode("latin-1", "replace"))
+                ]
+            await send(message)
+
+        if measured:
+            self.metrics.in_flight.labels(route=route).inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            duration = time.monotonic() - started
+            if measured:
+                self.metrics.in_flight.labels(route=route).dec()
+                self.metrics.requests.labels(route=route, status=str(status)).inc()
+                self.metrics.request_duration.labels(route=route).observe(duration)
+                if 400 <= status < 600 and status != 499:
+                    self.metrics.observe_rejection(status)
+                logger.info(
+                    "request_id=%s method=%s route=%s status=%d duration_ms=%.1f",
+                    request_id, scope.get("method"), path, status, duration * 1000,
+                )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            text = value.decode("latin-1")[:128]
+            return text if text.isprintable() else None
+    return None
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body.", None
+    parts = []
+    for err in errors[:5]:
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if err.get("type") == "json_invalid":
+            ctx = err.get("ctx", {}) or {}
+            return f"Request body is not valid JSON: {ctx.get('error', 'decode error')}.", None
+        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+    first_loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
+    return "Invalid request: " + "; ".join(parts), (first_loc[0] if first_loc else None)
+
+
+def build_app(
+    settings: Settings,
+    holder: EngineHolder,
+    *,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    """The gateway application. The caller owns the engine's lifecycle (see `server.lifespan`)."""
+    app = FastAPI(
+        title="llm-gateway",
+        version=__version__,
+        description="OpenAI-compatible API over vLLM's in-process engine.",
+    )
+    metrics = GatewayMetrics(registry)
+    app.state.settings = settings
+    app.state.holder = holder
+    app.state.metrics = metrics
+    app.state.completions = CompletionService(
+        holder, fingerprint=f"llm-gateway-{__version__}"
+    )
+    metrics.set_engine_state(holder.state.value)
+    holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, 400, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body("Internal server error.", 500), status_code=500)
+
+    app.include_router(openai_routes.router)
+    app.include_router(ops_routes.router)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

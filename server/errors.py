@@ -1,0 +1,132 @@
+"""Every error the gateway returns: exception classes, their status codes, the OpenAI error body.
+
+The body is ``{"error": {"message", "type", "param", "code"}}``. Like `vllm serve`, ``type`` is
+the status class name (``BadRequestError``, ``NotFoundError``, ...) and ``code`` the status
+number, so clients that switch between the two see the same errors. Once a stream has started
+the same body is sent as a final SSE event (``sse_error_event``) followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from http import HTTPStatus
+from typing import Any
+
+_TYPE_BY_STATUS: dict[int, str] = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+    504: "TimeoutError",
+}
+
+
+def error_type_for(status: int) -> str:
+    if status in _TYPE_BY_STATUS:
+        return _TYPE_BY_STATUS[status]
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "") + "Error"
+    except ValueError:
+        return "Error"
+
+
+class GatewayError(Exception):
+    """Base class: carries the HTTP status and the OpenAI error fields."""
+
+    status: int = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return error_type_for(self.status)
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.status, self.param)
+
+
+class InvalidRequestError(GatewayError):
+    """The request is malformed or asks for something impossible (400)."""
+
+    status = 400
+
+
+class AuthenticationError(GatewayError):
+    status = 401
+
+
+class ModelNotFoundError(GatewayError):
+    status = 404
+
+
+class NotFoundError(GatewayError):
+    status = 404
+
+
+class ConflictError(GatewayError):
+    status = 409
+
+
+class RequestTooLargeError(GatewayError):
+    status = 413
+
+
+class OverloadedError(GatewayError):
+    """Too much work in flight; the client should retry later (429 + Retry-After)."""
+
+    status = 429
+
+
+class ServiceUnavailableError(GatewayError):
+    """No engine can serve right now (starting, reloading, draining): 503 + Retry-After."""
+
+    status = 503
+
+
+class RequestTimeoutError(GatewayError):
+    status = 504
+
+
+class EngineDeadError(GatewayError):
+    """The engine died; the process will exit (or restart the engine)."""
+
+    status = 503
+
+
+class InternalError(GatewayError):
+    status = 500
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": error_type_for(status),
+            "param": param,
+            "code": status,
+        }
+    }
+
+
+def sse_error_event(error: GatewayError) -> str:
+    return f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"

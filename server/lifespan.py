@@ -1,0 +1,151 @@
+"""Run the gateway: uvicorn, the engine start, signals and the ordered shutdown.
+
+Order on SIGTERM/SIGINT: stop admitting (new requests 503, /ready 503), let in-flight requests
+finish within `server.drain_timeout_s`, stop the HTTP server, stop the engine, exit 0. A second
+signal forces the exit. If the engine fails to start or dies, the process exits non-zero so a
+supervisor (systemd `Restart=on-failure`) restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Iterator
+
+import uvicorn
+
+from server.app import build_app
+from server.engine import VllmEngine
+from server.holder import EngineFactory, EngineHolder, EngineState
+from server.settings import Settings
+
+logger = logging.getLogger("llm_gateway")
+
+ENGINE_WATCH_INTERVAL_S = 1.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the gateway orders the shutdown itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Gateway:
+    def __init__(self, settings: Settings, engine_factory: EngineFactory | None = None) -> None:
+        self.settings = settings
+        self.holder = EngineHolder(settings, engine_factory or VllmEngine.start)
+        self.app = build_app(settings, self.holder)
+        config = uvicorn.Config(
+            self.app,
+            host=settings.server.host,
+            port=settings.server.port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
+            timeout_graceful_shutdown=5,
+        )
+        self.server = _Server(config)
+        self.exit_code = 0
+        self._stopping = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _start_engine(self) -> None:
+        try:
+            await self.holder.start()
+        except Exception as exc:
+            logger.error("engine failed to start: %s", exc, exc_info=not isinstance(exc, FileNotFoundError))
+            self.exit_code = 1
+            self.server.should_exit = True
+            return
+        engine = self.holder.engine
+        assert engine is not None
+        self.app.state.metrics.set_profile(profile_labels(self.settings, engine.info.vllm_version))
+        logger.info("serving %s on http://%s:%d", self.settings.served_model_name,
+                    self.settings.server.host, self.bound_port())
+
+    async def _watch_engine(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            if self.holder.state is EngineState.SERVING and not self.holder.is_alive():
+                logger.error("the engine died; exiting so the supervisor restarts the service")
+                self.exit_code = 1
+                # Leave /health answering 503 briefly so probes see the death, then exit.
+                await asyncio.sleep(2 * ENGINE_WATCH_INTERVAL_S)
+                self.server.should_exit = True
+                return
+
+    def request_stop(self, sig: signal.Signals) -> None:
+        if self._stopping:
+            logger.warning("second %s: forcing exit", sig.name)
+            self.server.force_exit = True
+            self.server.should_exit = True
+            return
+        logger.info("%s received: draining (timeout %.0f s)", sig.name, self.settings.server.drain_timeout_s)
+        self._stopping = True
+        self._spawn(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        if self.holder.state is EngineState.SERVING:
+            self.holder.begin_drain()
+        await self.holder.wait_idle(self.settings.server.drain_timeout_s)
+        self.server.should_exit = True
+
+    def bound_port(self) -> int:
+        for srv in getattr(self.server, "servers", []):
+            for sock in srv.sockets:
+                return int(sock.getsockname()[1])
+        return self.settings.server.port
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig)
+        logger.info("effective profile: %s", json.dumps(self.settings.summary(), default=str))
+        self._spawn(self._start_engine())
+        self._spawn(self._watch_engine())
+        try:
+            await self.server.serve()
+        finally:
+            self._stopping = True
+            drained = await self.holder.stop(drain_timeout=0 if self.server.force_exit else 1.0)
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
+        return self.exit_code
+
+
+def profile_labels(settings: Settings, vllm_version: str) -> dict[str, str]:
+    p = settings.engine
+    return {
+        "model": settings.served_model_name,
+        "vllm_version": vllm_version,
+        "kv_sharing_fast_prefill": str(p.kv_sharing_fast_prefill).lower(),
+        "cuda_graphs": str(not p.enforce_eager).lower(),
+        "prefix_caching": str(p.enable_prefix_caching if p.enable_prefix_caching is not None else True).lower(),
+        "gpu_memory_utilization": str(p.gpu_memory_utilization),
+        "max_num_seqs": str(p.max_num_seqs),
+        "max_num_batched_tokens": str(p.max_num_batched_tokens),
+        "device": p.resolved_device(),
+    }
+
+
+def run(settings: Settings) -> int:
+    gateway = Gateway(settings)
+    try:
+        import uvloop
+
+        return uvloop.run(gateway.run())
+    except ImportError:
+        return asyncio.run(gateway.run())

@@ -1,0 +1,149 @@
+"""Every `gateway_*` metric, on an injectable registry, plus the exposition of vLLM's `vllm:*`.
+
+Names carry unit suffixes, buckets are explicit, labels are few (route, status, reason, state,
+outcome). This module imports neither the routes nor the engine: they call into it.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics.exposition import (
+    CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE,
+)
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from server import __version__
+
+# Latency buckets (seconds) sized for LLM serving: sub-ms gateway work up to multi-minute generations.
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+                1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1,
+                0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+                    60.0, 120.0, 300.0, 600.0)
+RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
+
+ENGINE_STATES = ("starting", "serving", "reloading", "draining", "dead", "stopped")
+
+# Routes kept out of request metrics: scraping and probing are not traffic.
+UNMEASURED_ROUTES = frozenset({"/metrics", "/health", "/ready"})
+
+
+class GatewayMetrics:
+    """The gateway's own metric families, registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "HTTP requests by route and status code.",
+            ["route", "status"], registry=r)
+        self.in_flight = Gauge(
+            "gateway_requests_in_flight", "HTTP requests being served now.", ["route"], registry=r)
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds", "HTTP request duration, to the last byte.",
+            ["route"], buckets=DURATION_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time from request arrival to the first generated token leaving the gateway.",
+            ["route"], buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram(
+            "gateway_time_per_output_token_seconds",
+            "(duration - TTFT) / (completion tokens - 1), as the client sees it.",
+            ["route"], buckets=TPOT_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens of completed requests.", ["route"], registry=r)
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens", "Generated tokens sent to clients.", ["route"], registry=r)
+        self.finished = Counter(
+            "gateway_request_finish", "Finished choices by finish reason.",
+            ["route", "reason"], registry=r)
+        self.disconnects = Counter(
+            "gateway_client_disconnects", "Requests whose client went away before the end (aborted).",
+            ["route"], registry=r)
+        self.rejections = Counter(
+            "gateway_rejections", "Requests refused before reaching the engine, by reason.",
+            ["reason"], registry=r)
+        self.engine_state = Gauge(
+            "gateway_engine_state", "1 for the engine's current state, 0 for the others.",
+            ["state"], registry=r)
+        self.reloads = Counter(
+            "gateway_engine_reloads", "Engine reloads by outcome.", ["outcome"], registry=r)
+        self.reload_duration = Histogram(
+            "gateway_engine_reload_duration_seconds", "Engine reload duration.",
+            buckets=RELOAD_BUCKETS, registry=r)
+        self.reload_queued = Counter(
+            "gateway_engine_reload_queued_requests", "Requests that waited for a reload to finish.",
+            registry=r)
+        self.reload_aborted = Counter(
+            "gateway_engine_reload_aborted_requests", "Requests aborted by a reload's drain timeout.",
+            registry=r)
+        self.profile = Info(
+            "gateway_profile", "The active engine profile.", registry=r)
+        self.build = Info("gateway_build", "Build information.", registry=r)
+        self.build.info({
+            "version": __version__,
+            "python": platform.python_version(),
+        })
+        for state in ENGINE_STATES:
+            self.engine_state.labels(state=state).set(0)
+        for route in ("/v1/completions", "/v1/chat/completions"):
+            # Pre-create label sets so dashboards and rules see zeros rather than no data.
+            self.in_flight.labels(route=route).set(0)
+            self.disconnects.labels(route=route)
+        for reason in ("auth", "overload", "validation", "unavailable"):
+            self.rejections.labels(reason=reason)
+        for outcome in ("success", "failure", "rolled_back"):
+            self.reloads.labels(outcome=outcome)
+
+    def set_engine_state(self, state: str) -> None:
+        for s in ENGINE_STATES:
+            self.engine_state.labels(state=s).set(1 if s == state else 0)
+
+    def set_profile(self, labels: dict[str, str]) -> None:
+        self.profile.info(labels)
+
+    def observe_rejection(self, status: int) -> None:
+        reason = {401: "auth", 403: "auth", 429: "overload", 503: "unavailable"}.get(status)
+        if reason is None and 400 <= status < 500:
+            reason = "validation"
+        if reason is not None:
+            self.rejections.labels(reason=reason).inc()
+
+
+def exposition(metrics: GatewayMetrics, openmetrics: bool, include_vllm: bool = True) -> tuple[bytes, str]:
+    """The /metrics body: the gateway registry, then vLLM's families from the global registry."""
+    if openmetrics:
+        body = generate_openmetrics(metrics.registry)
+        # OpenMetrics ends with "# EOF"; vLLM's families go before it.
+        if include_vllm:
+            vllm_text = generate_openmetrics(_VllmOnly(REGISTRY))
+            body = body.removesuffix(b"# EOF\n") + vllm_text
+        return body, OPENMETRICS_CONTENT_TYPE
+    body = generate_latest(metrics.registry)
+    if include_vllm:
+        body += generate_latest(_VllmOnly(REGISTRY))
+    return body, CONTENT_TYPE_LATEST
+
+
+class _VllmOnly:
+    """A collector view of `registry` restricted to the `vllm:` families."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable:
+        for family in self._registry.collect():
+            if family.name.startswith("vllm:"):
+                yield family

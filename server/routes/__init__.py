@@ -1,0 +1,1 @@
+"""Thin FastAPI route handlers."""

@@ -1,0 +1,122 @@
+"""`/v1/*` routes: parse, call the serving layer, turn its result into an HTTP response."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from server.metrics import GatewayMetrics
+from server.protocol import CompletionRequest, CompletionResponse, ErrorResponse, ModelList
+from server.serving.completions import CompletionService, EventStream, RequestStats, new_request_id
+from server.serving.models import list_models
+
+T = TypeVar("T")
+
+router = APIRouter()
+
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid request"},
+    404: {"model": ErrorResponse, "description": "Unknown model"},
+    503: {"model": ErrorResponse, "description": "No engine can serve right now"},
+}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE response that releases the engine lease however the stream ends."""
+
+    def __init__(self, stream: EventStream, on_close: Callable[[], None]) -> None:
+        super().__init__(stream.events, media_type="text/event-stream", headers=STREAM_HEADERS)
+        self._stream = stream
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self._stream.aclose()
+            self._on_close()
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it (and so aborting its engine requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:
+        pass
+    raise ClientDisconnected()
+
+
+def _observe_tokens(metrics: GatewayMetrics, route: str, stats: RequestStats, started: float) -> None:
+    metrics.prompt_tokens.labels(route=route).inc(stats.prompt_tokens)
+    metrics.completion_tokens.labels(route=route).inc(stats.completion_tokens)
+    for reason in stats.finish_reasons:
+        metrics.finished.labels(route=route, reason=reason).inc()
+    if stats.first_token_at is not None:
+        ttft = stats.first_token_at - started
+        metrics.ttft.labels(route=route).observe(ttft)
+        if stats.completion_tokens > 1:
+            tpot = (time.monotonic() - stats.first_token_at) / (stats.completion_tokens - 1)
+            metrics.tpot.labels(route=route).observe(tpot)
+
+
+@router.post(
+    "/v1/completions",
+    response_model=CompletionResponse,
+    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
+    summary="Create a completion (plain or streaming)",
+)
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    service: CompletionService = request.app.state.completions
+    metrics: GatewayMetrics = request.app.state.metrics
+    route = "/v1/completions"
+    started = request.state.started
+    stats = RequestStats()
+    request_id = new_request_id("cmpl")
+    try:
+        result = await cancel_on_disconnect(request, service.create(body, request_id, stats))
+    except ClientDisconnected:
+        metrics.disconnects.labels(route=route).inc()
+        return Response(status_code=499)
+    if isinstance(result, EventStream):
+        return EventStreamResponse(
+            result, on_close=lambda: _observe_tokens(metrics, route, stats, started)
+        )
+    _observe_tokens(metrics, route, stats, started)
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+@router.get("/v1/models", response_model=ModelList, summary="List the served model")
+async def show_models(request: Request) -> ModelList:
+    return list_models(request.app.state.holder)

@@ -1,0 +1,1 @@
+"""Request handling logic, free of any web framework."""

@@ -1,0 +1,225 @@
+"""The one typed settings model: YAML file, then ``LLM_GATEWAY_*`` environment, then CLI flags.
+
+Precedence (highest first): CLI flags > environment > YAML file > defaults. Nested fields are
+reached from the environment with ``__``, e.g. ``LLM_GATEWAY_ENGINE__MAX_MODEL_LEN=4096``.
+Cross-field rules run when the model is built, before any engine loads, and name the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+EMBEDDED_MODEL = "embedded"
+"""The `engine.model` value that means the SmolLM2 model prepared under the state directory."""
+
+EMBEDDED_MODEL_DIRNAME = "smollm2-135m-instruct"
+
+# EAGLE-family drafters read hidden states of every layer; vLLM refuses them with fast prefill.
+_EAGLE_METHODS = {"eagle", "eagle3", "mtp"}
+
+
+class ServerSettings(BaseModel):
+    """Where and how the HTTP server listens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    """Address to bind. Keep loopback unless a proxy (nginx) or firewall sits in front."""
+
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port to bind (0 picks a free one, which is then logged)."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Log level of the gateway and uvicorn."""
+
+    state_dir: Path = Path(".state")
+    """Directory for the embedded model, vLLM's cache, RPC sockets and temp files."""
+
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On shutdown, how long in-flight requests may run before they are aborted."""
+
+    keep_alive_timeout_s: float = Field(75.0, gt=0)
+    """Idle keep-alive timeout; longer than nginx's upstream keepalive_timeout (60 s)."""
+
+
+class EngineProfile(BaseModel):
+    """The engine profile: every field maps onto vLLM's ``AsyncEngineArgs``."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = EMBEDDED_MODEL
+    """Model directory or hub id; ``embedded`` means the SmolLM2 model from `llm-gateway prepare-model`."""
+
+    served_model_name: str | None = None
+    """Name clients send as `model`; defaults to the model directory's name."""
+
+    tokenizer: str | None = None
+    """Tokenizer directory or hub id, when it differs from `model`."""
+
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    """Which build of vLLM this profile is for; `auto` looks for an NVIDIA device node."""
+
+    dtype: str = "auto"
+    """Weight and activation dtype (auto, bfloat16, float16, float32)."""
+
+    max_model_len: int | None = Field(None, ge=1)
+    """Context length (prompt + completion tokens); None takes the model's own."""
+
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take for weights, activations and KV cache."""
+
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    """KV cache size in bytes; overrides gpu_memory_utilization. Required on CPU."""
+
+    enforce_eager: bool = False
+    """True disables torch.compile and CUDA graphs (faster start, slower decode)."""
+
+    compilation_config: dict[str, Any] | None = None
+    """vLLM compilation config (cudagraph_mode, cudagraph_capture_sizes, mode, ...)."""
+
+    enable_prefix_caching: bool | None = None
+    """Automatic prefix caching; None keeps vLLM's default (on)."""
+
+    kv_sharing_fast_prefill: bool = False
+    """Skip prefill compute of KV-shared layers (Gemma 3n/4). Breaks prompt logprobs."""
+
+    max_num_seqs: int = Field(256, ge=1)
+    """Most sequences scheduled in one step. Always passed: the in-process default is far lower."""
+
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    """Most tokens scheduled in one step. Always passed: the in-process default is far lower."""
+
+    attention_backend: str | None = None
+    """Force an attention backend (e.g. TRITON_ATTN, FLASH_ATTN); None lets vLLM choose."""
+
+    load_format: str = "auto"
+    """Weight loading format; `dummy` gives real shapes with random weights (benchmarks)."""
+
+    seed: int = 0
+    """Engine seed for sampling without a per-request seed."""
+
+    async_scheduling: bool | None = None
+    """vLLM's asynchronous scheduling (overlaps scheduling with the forward pass); None = vLLM default."""
+
+    speculative_config: dict[str, Any] | None = None
+    """Speculative decoding config, passed through (method, model, num_speculative_tokens)."""
+
+    distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = None
+    """How vLLM runs its workers: `mp` (processes, the default for >1 GPU), `uni` (in the engine
+    process; saves a process start on one device), `ray` (a Ray cluster)."""
+
+    max_logprobs: int = Field(20, ge=0)
+    """Most logprobs a request may ask for."""
+
+    extra_engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Any other `AsyncEngineArgs` field, passed through as is (checked against vLLM at start)."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables set before vLLM is imported (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU)."""
+
+    def resolved_device(self) -> Literal["cpu", "gpu"]:
+        if self.device != "auto":
+            return self.device
+        return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> EngineProfile:
+        if self.kv_sharing_fast_prefill and self.speculative_config:
+            method = str(self.speculative_config.get("method", "")).lower()
+            if method in _EAGLE_METHODS or "eagle" in method:
+                raise ValueError(
+                    "engine.kv_sharing_fast_prefill cannot be combined with "
+                    f"engine.speculative_config method {method!r}: vLLM rejects EAGLE-style "
+                    "speculative decoding with fast prefill. Turn one of them off."
+                )
+        if self.resolved_device() == "cpu" and self.kv_cache_memory_bytes is None:
+            raise ValueError(
+                "engine.kv_cache_memory_bytes is required for a CPU profile: vLLM's CPU "
+                "memory probe misreads these machines, so the KV cache size must be explicit "
+                "(e.g. 1073741824 for 1 GiB)."
+            )
+        return self
+
+
+class Settings(BaseSettings):
+    """Everything the gateway reads at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LLM_GATEWAY_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        yaml_file=None,
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    """HTTP server settings."""
+
+    engine: EngineProfile = Field(default_factory=EngineProfile)
+    """The vLLM engine profile."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+
+    @property
+    def served_model_name(self) -> str:
+        if self.engine.served_model_name:
+            return self.engine.served_model_name
+        return Path(self.engine.model.rstrip("/")).name or self.engine.model
+
+    def model_path(self) -> str:
+        """The model directory or hub id vLLM loads, with `embedded` resolved."""
+        if self.engine.model == EMBEDDED_MODEL:
+            return str(embedded_model_dir(self.server.state_dir).resolve())
+        return self.engine.model
+
+    def summary(self) -> dict[str, Any]:
+        """The effective profile, for the start-up log and /admin/status."""
+        return {
+            "served_model_name": self.served_model_name,
+            "model": self.model_path(),
+            **self.engine.model_dump(exclude={"model", "served_model_name", "env"}),
+        }
+
+
+def embedded_model_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "models" / EMBEDDED_MODEL_DIRNAME
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from a YAML file (or ``$LLM_GATEWAY_CONFIG``), the environment and overrides.
+
+    ``overrides`` are nested dicts (``server={"port": 9000}``) and win over everything else.
+    """
+    path = config_file or os.environ.get("LLM_GATEWAY_CONFIG")
+    if path is not None and not Path(path).is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+
+    class _FromFile(Settings):
+        model_config = SettingsConfigDict(yaml_file=path)
+
+    loaded = _FromFile(**{k: v for k, v in overrides.items() if v is not None})
+    # Re-validate as the public class so callers never see the throwaway subclass.
+    return Settings.model_validate(loaded.model_dump())
+
+
+def settings_fingerprint(settings: Settings) -> str:
+    return json.dumps(settings.model_dump(mode="json"), sort_keys=True)

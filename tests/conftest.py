@@ -1,0 +1,206 @@
+"""Shared fixtures: a real gateway subprocess on a free loopback port, its reference vLLM server.
+
+Engines take ~30 s to start on 2 CPU cores, so the default gateway is shared by the whole
+session; tests that need another configuration start their own with `start_gateway`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
+STATE_DIR = ROOT / ".state"
+MODEL_DIR = STATE_DIR / "models" / "smollm2-135m-instruct"
+SERVED_NAME = "smollm2-135m-instruct"
+READY_TIMEOUT_S = 240.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--run-slow"):
+        skip = pytest.mark.skip(reason="slow test: run with `make test-slow`")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)
+    if not Path("/dev/nvidiactl").exists():
+        skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip_gpu)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                kill_tree(self.proc.pid)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(pid: int) -> None:
+    import psutil
+
+    for child in descendants(pid):
+        try:
+            psutil.Process(child).kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_ready(server: ServerProcess, path: str = "/ready", timeout: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-6000:]}")
+        try:
+            if httpx.get(server.base_url + path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop(signal.SIGKILL)
+    raise TimeoutError(f"server not ready after {timeout} s:\n{server.log()[-6000:]}")
+
+
+def start_gateway(
+    tmp_dir: Path,
+    *,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    config: Path = CONFIG,
+    wait: bool = True,
+) -> ServerProcess:
+    """`llm-gateway serve` as a subprocess on a free port, sharing the prepared model."""
+    port = free_port()
+    log_path = tmp_dir / f"gateway-{port}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [
+        sys.executable, "-m", "server", "serve",
+        "--config", str(config),
+        "--port", str(port),
+        "--state-dir", str(STATE_DIR),
+        *(extra_args or []),
+    ]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    server = ServerProcess(proc, port, log_path)
+    if wait:
+        wait_ready(server)
+    return server
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.fail("the embedded model is missing: run `make test` (it runs prepare-model first)")
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = start_gateway(tmp_path_factory.mktemp("gateway"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml."""
+    import yaml
+
+    profile = yaml.safe_load(CONFIG.read_text())["engine"]
+    tmp = tmp_path_factory.mktemp("vllm-reference")
+    for sub in ("cache", "run", "tmp"):
+        (tmp / sub).mkdir()
+    port = free_port()
+    log_path = tmp / "vllm.log"
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in profile.get("env", {}).items()},
+        "PYTHONUNBUFFERED": "1",
+        "VLLM_CACHE_ROOT": str(tmp / "cache"),
+        "VLLM_RPC_BASE_PATH": str(tmp / "run"),
+        "TMPDIR": str(tmp / "tmp"),
+    }
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(model_dir),
+        "--served-model-name", profile["served_model_name"],
+        "--dtype", profile["dtype"],
+        "--max-model-len", str(profile["max_model_len"]),
+        "--kv-cache-memory-bytes", str(profile["kv_cache_memory_bytes"]),
+        "--max-num-seqs", str(profile["max_num_seqs"]),
+        "--max-num-batched-tokens", str(profile["max_num_batched_tokens"]),
+        "--seed", str(profile["seed"]),
+        "--disable-uvicorn-access-log",
+    ]
+    if profile.get("enforce_eager"):
+        cmd.append("--enforce-eager")
+    if profile.get("enable_prefix_caching") is False:
+        cmd.append("--no-enable-prefix-caching")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = ServerProcess(proc, port, log_path)
+    wait_ready(server, path="/health")
+    yield server
+    server.stop()
+    shutil.rmtree(tmp / "run", ignore_errors=True)

@@ -1,0 +1,74 @@
+"""A scripted engine behind the `Engine` Protocol, for fast tests of the HTTP layer only."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.engine import ChoiceOutput, EngineInfo, GenerationOutput, SamplingOptions
+from server.errors import EngineDeadError, InvalidRequestError
+
+
+@dataclass
+class FakeEngine:
+    """Echoes words: token i of the output is the word `w{i}`; fails on request when told to."""
+
+    info: EngineInfo = field(default_factory=lambda: EngineInfo(
+        served_model_name="fake", model_path="/fake", max_model_len=64, vocab_size=1000,
+        vllm_version="0.0-fake", max_logprobs=5, kv_sharing_fast_prefill=False))
+    delay_s: float = 0.0
+    fail_after: int | None = None
+    dead: bool = False
+    aborted: list[str] = field(default_factory=list)
+    running: int = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return [len(w) % 1000 for w in text.split()]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return " ".join(f"t{t}" for t in token_ids)
+
+    def make_sampling(self, options: SamplingOptions) -> SamplingOptions:
+        if options.temperature < 0:
+            raise InvalidRequestError("temperature must be non-negative", param="temperature")
+        return options
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Any) -> AsyncIterator[GenerationOutput]:
+        self.running += 1
+        finished = False
+        try:
+            n = sampling.max_tokens
+            for i in range(n):
+                if self.fail_after is not None and i >= self.fail_after:
+                    raise EngineDeadError("scripted engine failure")
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                last = i == n - 1
+                if sampling.stream:
+                    choices = [ChoiceOutput(k, f" w{i}", [i], None, "length" if last else None, None)
+                               for k in range(sampling.n)]
+                    finished = last
+                    yield GenerationOutput(request_id, prompt_token_ids, None, choices, last)
+            if not sampling.stream:
+                text = "".join(f" w{i}" for i in range(n))
+                choices = [ChoiceOutput(k, text, list(range(n)), None, "length", None) for k in range(sampling.n)]
+                finished = True
+                yield GenerationOutput(request_id, prompt_token_ids, None, choices, True)
+        finally:
+            self.running -= 1
+            if not finished:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def is_dead(self) -> bool:
+        return self.dead
+
+    async def num_unfinished_requests(self) -> int:
+        return self.running
+
+    async def shutdown(self) -> None:
+        pass
