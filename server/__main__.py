@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -72,7 +73,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(settings.server.log_level)
     from server.lifespan import run
 
-    return run(settings)
+    code = run(settings)
+    # Everything is stopped and cleaned up by now. Skip interpreter teardown: vLLM objects
+    # finalized after their modules are torn down print spurious tracebacks.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> int:

@@ -45,12 +45,15 @@ class TopLogprob:
 
 @dataclass(slots=True)
 class TokenLogprob:
-    """One position: the chosen token and the candidates vLLM returned (chosen + top-k)."""
+    """One position: the chosen token and the candidates vLLM returned (chosen + top-k).
+
+    `logprob` and `candidates` are None for the first prompt token, which has no logprob.
+    """
 
     token_id: int
     token: str
-    logprob: float
-    candidates: list[TopLogprob]
+    logprob: float | None
+    candidates: list[TopLogprob] | None
 
 
 @dataclass(slots=True)
@@ -69,7 +72,7 @@ class ChoiceOutput:
 class GenerationOutput:
     request_id: str
     prompt_token_ids: list[int]
-    prompt_logprobs: list[TokenLogprob | None] | None
+    prompt_logprobs: list[TokenLogprob] | None
     choices: list[ChoiceOutput]
     finished: bool
 
@@ -145,6 +148,10 @@ class Engine(Protocol):
 # --------------------------------------------------------------------------------------------
 
 
+# sun_path is 108 bytes; vLLM adds "/" + a 36-character uuid, and we add "/e-XXXXXXXX".
+MAX_RPC_BASE_LEN = 107 - 37 - 11
+
+
 def engine_runtime_dirs(state_dir: Path) -> dict[str, Path]:
     """Where vLLM's cache, RPC sockets and temp files go, so nothing lands in ~/.cache or /tmp."""
     state_dir = Path(state_dir).resolve()
@@ -163,9 +170,14 @@ def prepare_engine_environment(settings: Settings) -> Path:
     itself leaves its ZMQ socket files behind.
     """
     dirs = engine_runtime_dirs(settings.server.state_dir)
+    if len(str(dirs["VLLM_RPC_BASE_PATH"])) > MAX_RPC_BASE_LEN:
+        # A Unix socket path holds at most 107 bytes; vLLM appends "/<uuid4>" to this directory.
+        short = Path("/tmp") / f"llm-gateway-{os.getuid()}"
+        logger.warning("state dir too deep for Unix socket paths; engine sockets go under %s", short)
+        dirs["VLLM_RPC_BASE_PATH"] = short
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
-    rpc_dir = Path(tempfile.mkdtemp(prefix="engine-", dir=dirs["VLLM_RPC_BASE_PATH"]))
+    rpc_dir = Path(tempfile.mkdtemp(prefix="e-", dir=dirs["VLLM_RPC_BASE_PATH"]))
     os.environ["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     os.environ["TMPDIR"] = str(dirs["TMPDIR"])
     os.environ.setdefault("VLLM_CACHE_ROOT", str(dirs["VLLM_CACHE_ROOT"]))
@@ -305,6 +317,7 @@ class VllmEngine:
     # -- generation ----------------------------------------------------------------------
 
     def make_sampling(self, options: SamplingOptions) -> Any:
+        from vllm.exceptions import VLLMClientError
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         kwargs: dict[str, Any] = {
@@ -335,7 +348,7 @@ class VllmEngine:
             kwargs["structured_outputs"] = StructuredOutputsParams(**options.json_schema)
         try:
             return SamplingParams(**kwargs)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, VLLMClientError) as exc:
             raise InvalidRequestError(str(exc), param=getattr(exc, "parameter", None)) from exc
 
     async def generate(
@@ -396,7 +409,9 @@ class VllmEngine:
         prompt_logprobs = None
         if out.prompt_logprobs is not None:
             prompt_logprobs = [
-                None if pos is None else _to_token_logprob(tid, pos, limit_prompt)
+                TokenLogprob(tid, self._tokenizer.decode([tid]), None, None)
+                if pos is None
+                else _to_token_logprob(tid, pos, limit_prompt)
                 for tid, pos in zip(out.prompt_token_ids, out.prompt_logprobs, strict=False)
             ]
         return GenerationOutput(
@@ -416,7 +431,7 @@ class VllmEngine:
             logger.debug("abort of %s failed", request_id, exc_info=True)
 
     def is_dead(self) -> bool:
-        return bool(self._llm.errored)
+        return not self._closed and bool(self._llm.errored)
 
     async def num_unfinished_requests(self) -> int:
         return int(self._llm.get_num_unfinished_requests())

@@ -154,8 +154,21 @@ def tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+class _Running:
+    """A server started outside the test run (LLM_GATEWAY_TEST_URL / ..._VLLM_URL, for development)."""
+
+    def __init__(self, url: str) -> None:
+        self.base_url = url.rstrip("/")
+
+    def stop(self) -> int:
+        return 0
+
+
 @pytest.fixture(scope="session")
 def gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    if url := os.environ.get("LLM_GATEWAY_TEST_URL"):
+        yield _Running(url)  # type: ignore[misc]
+        return
     server = start_gateway(tmp_path_factory.mktemp("gateway"))
     yield server
     server.stop()
@@ -166,6 +179,9 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml."""
     import yaml
 
+    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
+        yield _Running(url)  # type: ignore[misc]
+        return
     profile = yaml.safe_load(CONFIG.read_text())["engine"]
     tmp = tmp_path_factory.mktemp("vllm-reference")
     for sub in ("cache", "run", "tmp"):

@@ -111,22 +111,17 @@ def check_token_ids(ids: list[int], vocab_size: int) -> None:
             )
 
 
-def build_logprobs(
-    entries: list[TokenLogprob | None], initial_offset: int
-) -> CompletionLogprobs:
+def build_logprobs(entries: list[TokenLogprob], initial_offset: int) -> CompletionLogprobs:
     """The legacy completions logprobs block (tokens, token_logprobs, top_logprobs, text_offset)."""
     out = CompletionLogprobs()
     offset = initial_offset
     for entry in entries:
         out.text_offset.append(offset)
-        if entry is None:
-            out.tokens.append("")
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
-            continue
         out.tokens.append(entry.token)
         out.token_logprobs.append(entry.logprob)
-        out.top_logprobs.append({c.token: c.logprob for c in entry.candidates})
+        out.top_logprobs.append(
+            None if entry.candidates is None else {c.token: c.logprob for c in entry.candidates}
+        )
         offset += len(entry.token)
     return out
 
@@ -317,7 +312,7 @@ class CompletionService:
         if req.echo:
             text = (prompt.text or "") + text
         if req.logprobs is not None:
-            entries: list[TokenLogprob | None] = []
+            entries: list[TokenLogprob] = []
             if req.echo:
                 entries.extend(out.prompt_logprobs or [])
             entries.extend(c.logprobs or [])
@@ -348,7 +343,7 @@ class CompletionService:
                     index = i * req.n + c.index
                     state = states.setdefault(index, _ChoiceState())
                     text = c.text
-                    entries: list[TokenLogprob | None] = []
+                    entries: list[TokenLogprob] = []
                     if req.echo and not state.echoed:
                         state.echoed = True
                         text = (prompts[i].text or "") + text
@@ -380,7 +375,7 @@ class CompletionService:
                             )
                         ],
                     )
-                    yield sse(chunk.model_dump_json())
+                    yield sse(chunk.model_dump_json(exclude={"usage"}))
             stats.completion_tokens = sum(s.tokens for s in states.values())
             if req.stream_options and req.stream_options.include_usage:
                 usage = Usage(

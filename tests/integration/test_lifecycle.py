@@ -1,0 +1,83 @@
+"""`llm-gateway serve` as a process: layered settings, clean shutdown, no leftovers, start failures."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import tempfile
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import MODEL_DIR, ROOT, descendants, start_gateway
+
+
+@pytest.fixture
+def private_state(model_dir: Path) -> Iterator[Path]:
+    """A state dir of its own (so leftovers are attributable), sharing the prepared model.
+
+    Short on purpose: engine socket paths must fit in 107 bytes.
+    """
+    state = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
+    (state / "models").mkdir(parents=True)
+    (state / "models" / "smollm2-135m-instruct").symlink_to(MODEL_DIR)
+    yield state
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def test_layers_shutdown_and_no_leftovers(tmp_path: Path, private_state: Path) -> None:
+    server = start_gateway(
+        tmp_path,
+        extra_args=["--state-dir", str(private_state), "--served-model-name", "from-cli"],
+        env={"LLM_GATEWAY_ENGINE__SERVED_MODEL_NAME": "from-env", "LLM_GATEWAY_ENGINE__MAX_MODEL_LEN": "1024"},
+    )
+    try:
+        models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
+        assert models[0]["id"] == "from-cli"  # CLI beats env
+        assert models[0]["max_model_len"] == 1024  # env beats the file's 4096
+        r = httpx.post(server.base_url + "/v1/completions", timeout=60,
+                       json={"model": "from-cli", "prompt": "Hi", "max_tokens": 3})
+        assert r.status_code == 200
+        children = descendants(server.proc.pid)
+        assert children, "vLLM runs its engine core in child processes"
+        sockets = list((private_state / "run").rglob("*"))
+        assert any(p.is_socket() for p in sockets)
+    finally:
+        code = server.stop(signal.SIGTERM, timeout=60)
+    log = server.log()
+    assert code == 0, log[-3000:]
+    assert f"on http://127.0.0.1:{server.port}" in log
+    assert "effective profile" in log
+    time.sleep(1)
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert list((private_state / "run").iterdir()) == []
+    assert "Traceback" not in log
+
+
+def test_missing_model_fails_fast_with_a_hint(tmp_path: Path) -> None:
+    empty_state = tmp_path / "empty"
+    empty_state.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--config", "configs/embedded-cpu.yaml",
+         "--port", "0", "--state-dir", str(empty_state)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "prepare-model" in proc.stderr
+
+
+def test_invalid_config_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  device: cpu\n  max_num_seqs: 8\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "server", "check-config", "--config", str(bad)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "kv_cache_memory_bytes" in proc.stderr
