@@ -20,6 +20,7 @@ import uvicorn
 from server.app import build_app
 from server.engine import VllmEngine
 from server.holder import EngineFactory, EngineHolder, EngineState
+from server.notify import Notifier
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway")
@@ -51,6 +52,7 @@ class Gateway:
             timeout_graceful_shutdown=5,
         )
         self.server = _Server(config)
+        self.notifier = Notifier()
         self.exit_code = 0
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -71,8 +73,16 @@ class Gateway:
         engine = self.holder.engine
         assert engine is not None
         self.app.state.metrics.set_profile(profile_labels(self.settings, engine.info.vllm_version))
-        logger.info("serving %s on http://%s:%d", self.settings.served_model_name,
-                    self.settings.server.host, self.bound_port())
+        where = f"http://{self.settings.server.host}:{self.bound_port()}"
+        logger.info("serving %s on %s", self.settings.served_model_name, where)
+        self.notifier.ready(f"serving {self.settings.served_model_name} on {where}")
+
+    async def _watchdog(self, interval: float) -> None:
+        """Ping systemd's watchdog while the event loop is responsive and the engine lives."""
+        while not self._stopping:
+            if self.holder.is_alive():
+                self.notifier.watchdog()
+            await asyncio.sleep(interval)
 
     async def _watch_engine(self) -> None:
         while not self._stopping:
@@ -93,6 +103,7 @@ class Gateway:
             return
         logger.info("%s received: draining (timeout %.0f s)", sig.name, self.settings.server.drain_timeout_s)
         self._stopping = True
+        self.notifier.stopping(f"draining {self.holder.in_flight} request(s)")
         self._spawn(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:
@@ -112,11 +123,16 @@ class Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         logger.info("effective profile: %s", json.dumps(self.settings.summary(), default=str))
+        self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
+        if (interval := self.notifier.watchdog_interval_s()) is not None:
+            self._spawn(self._watchdog(interval))
         try:
             await self.server.serve()
         finally:
+            if not self._stopping:
+                self.notifier.stopping("stopping")
             self._stopping = True
             drained = await self.holder.stop(drain_timeout=0 if self.server.force_exit else 1.0)
             for task in list(self._tasks):
