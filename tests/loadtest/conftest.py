@@ -1,0 +1,26 @@
+"""Fixtures for the load-test tool's tests: a factory of scripted fake OpenAI servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.loadtest.fake_server import FakeOpenAIServer, Script
+
+ServerFactory = Callable[[Callable[[int, dict[str, Any]], Script]], FakeOpenAIServer]
+
+
+@pytest.fixture
+def fake_server() -> Iterator[ServerFactory]:
+    started: list[FakeOpenAIServer] = []
+
+    def make(script: Callable[[int, dict[str, Any]], Script]) -> FakeOpenAIServer:
+        server = FakeOpenAIServer(script).start()
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
