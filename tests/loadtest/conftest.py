@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from tests.loadtest.fake_server import FakeOpenAIServer, Script
 
-ServerFactory = Callable[[Callable[[int, dict[str, Any]], Script]], FakeOpenAIServer]
+ServerFactory = Callable[[list[Script]], FakeOpenAIServer]
 
 
 @pytest.fixture
 def fake_server() -> Iterator[ServerFactory]:
     started: list[FakeOpenAIServer] = []
 
-    def make(script: Callable[[int, dict[str, Any]], Script]) -> FakeOpenAIServer:
-        server = FakeOpenAIServer(script).start()
+    def make(scripts: list[Script]) -> FakeOpenAIServer:
+        server = FakeOpenAIServer(scripts).start()
         started.append(server)
         return server
 

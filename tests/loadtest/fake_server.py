@@ -1,19 +1,21 @@
 """A scripted OpenAI-compatible streaming server on loopback, for measuring the load tester itself.
 
-Raw asyncio HTTP/1.1 (keep-alive, chunked transfer) in its own thread and event loop, so each
-response follows its script exactly: time to first token, gap between tokens, failures after
-the 200, abrupt disconnects, multi-byte characters split across writes. Every token write is
-time-stamped with the same perf_counter clock the client uses.
+Raw asyncio HTTP/1.1 (keep-alive, chunked transfer) in its own process, so neither the GIL nor
+the client's event loop shifts its timing: each response follows its script (time to first
+token, gap between tokens, failures after the 200, abrupt disconnects, multi-byte characters
+split across writes). Request i gets scripts[i % len(scripts)]. Token writes are time-stamped
+with perf_counter, which is CLOCK_MONOTONIC on Linux and so comparable with the client's clock;
+GET /_served returns them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
+import subprocess
+import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Mode = Literal["ok", "http_error", "error_event", "disconnect", "no_done"]
@@ -49,47 +51,14 @@ def _event(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
 
-class FakeOpenAIServer:
-    def __init__(self, script: Callable[[int, dict[str, Any]], Script] | None = None) -> None:
-        self.script = script or (lambda n, body: Script())
+class _Handler:
+    """The server side, run by `python -m tests.loadtest.fake_server SCRIPTS_JSON`."""
+
+    def __init__(self, scripts: list[Script]) -> None:
+        self.scripts = scripts
         self.served: list[Served] = []
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.base_events.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._count = 0
-        self._lock = threading.Lock()
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> FakeOpenAIServer:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            self._server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
-            loop.run_forever()
-            self._server.close()
-            loop.run_until_complete(self._server.wait_closed())
-            loop.close()
-
-        self._thread = threading.Thread(target=run, name="fake-openai", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._thread is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -100,13 +69,14 @@ class FakeOpenAIServer:
                 if method == "GET" and path.endswith("/models"):
                     await self._json(writer, 200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
                     continue
+                if method == "GET" and path == "/_served":
+                    await self._json(writer, 200, [asdict(s) for s in self.served])
+                    continue
                 body = json.loads(raw) if raw else {}
                 served = Served(body=body, headers=headers, received=time.perf_counter())
-                with self._lock:
-                    n = self._count
-                    self._count += 1
-                    self.served.append(served)
-                if not await self._respond(writer, self.script(n, body), body, served):
+                script = self.scripts[len(self.served) % len(self.scripts)]
+                self.served.append(served)
+                if not await self._respond(writer, script, body, served):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -172,3 +142,52 @@ def _usage(body: dict[str, Any], tokens: int) -> dict[str, int]:
     prompt = body.get("prompt")
     n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or body.get("messages")).split())
     return {"prompt_tokens": n_prompt, "completion_tokens": tokens, "total_tokens": n_prompt + tokens}
+
+
+class FakeOpenAIServer:
+    """Client-side handle: starts the server process, reads back what it served."""
+
+    def __init__(self, scripts: list[Script]) -> None:
+        self.scripts = scripts
+        self.port = 0
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeOpenAIServer:
+        arg = json.dumps([asdict(s) for s in self.scripts])
+        self._proc = subprocess.Popen([sys.executable, "-m", "tests.loadtest.fake_server", arg],
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()  # the server prints its port once it listens
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"fake server did not start: {line!r}")
+        self.port = int(line)
+        return self
+
+    @property
+    def served(self) -> list[Served]:
+        import httpx
+
+        rows = httpx.get(self.base_url + "/_served", timeout=10).json()
+        return [Served(**row) for row in rows]
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            self._proc.wait(10)
+
+
+async def _serve(scripts: list[Script]) -> None:
+    handler = _Handler(scripts)
+    server = await asyncio.start_server(handler.handle, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve([Script(**s) for s in json.loads(sys.argv[1])]))
