@@ -1,0 +1,248 @@
+"""The shipped nginx site (nginx/) in front of real gateways: Debian's nginx binary, started on
+loopback ports by the test (see conftest.start_nginx for what is templated), the real vLLM CPU
+engine behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import SERVED_NAME, ServerProcess, free_port
+from tests.e2e.conftest import (
+    SITE,
+    SNIPPET_INCLUDE,
+    Nginx,
+    NotifiedGateway,
+    nginx_test,
+    start_nginx,
+    write_wrapper,
+)
+
+STREAM_PROMPT = "Write a long story about a lighthouse keeper and her dog."
+TTFC_MARGIN_S = 0.050  # proxied median time-to-first-chunk may exceed direct by at most this
+REPETITIONS = 3
+
+
+def completion(base_url: str, prompt: str = "The capital of France is", max_tokens: int = 4, **kw) -> httpx.Response:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
+    return httpx.post(base_url + "/v1/completions", json=body, timeout=120)
+
+
+@dataclass
+class StreamTiming:
+    ttfc: float  # request sent -> first `data:` bytes
+    total: float  # request sent -> last bytes
+    reads: int  # socket reads that returned data
+    text: str
+    headers: httpx.Headers
+
+    @property
+    def first_to_last(self) -> float:
+        return self.total - self.ttfc
+
+
+def timed_stream(client: httpx.Client, base_url: str, max_tokens: int = 64) -> StreamTiming:
+    body = {"model": SERVED_NAME, "prompt": STREAM_PROMPT, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    t0 = time.perf_counter()
+    first = last = None
+    reads = 0
+    raw = b""
+    with client.stream("POST", base_url + "/v1/completions", json=body, timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        headers = resp.headers
+        for chunk in resp.iter_raw():
+            now = time.perf_counter()
+            if first is None and b"data:" in chunk:
+                first = now
+            last = now
+            reads += 1
+            raw += chunk
+    assert first is not None and last is not None
+    events = [line[len("data: "):] for line in raw.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e).get("choices"))
+    return StreamTiming(first - t0, last - t0, reads, text, headers)
+
+
+def requests_served(server: ServerProcess, route: str = "/v1/completions") -> float:
+    """gateway_requests_total{route=route,status="200"} from the instance's own /metrics."""
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("gateway_requests_total{") and f'route="{route}"' in line and 'status="200"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def test_nginx_t_accepts_the_shipped_site(tmp_path: Path) -> None:
+    """`nginx -t` on llm-gateway.conf as shipped (listen 80, /var/log/nginx, keepalive upstream...);
+    only the snippet's include path points into the checkout instead of /etc/nginx/snippets/."""
+    site = SITE.read_text()
+    assert site.count(SNIPPET_INCLUDE) == 1
+    (tmp_path / "llm-gateway.conf").write_text(site.replace(SNIPPET_INCLUDE, f"include {tmp_path}/llm-gateway-proxy.conf;"))
+    conf = write_wrapper(tmp_path, [str(tmp_path / "llm-gateway.conf")])
+    result = nginx_test(tmp_path, conf)
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr
+    assert "[warn]" not in result.stderr and "[emerg]" not in result.stderr, result.stderr
+
+
+def test_tls_example_serves_https_and_redirects(tmp_path: Path, gateway: ServerProcess) -> None:
+    """The TLS example with a throw-away certificate: `nginx -t` passes, HTTPS reaches the gateway,
+    the plain-HTTP server answers 308 to https://."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=30)
+    nginx = start_nginx(tmp_path / "nginx", [gateway.port], tls={"cert": cert, "key": key})
+    try:
+        https = f"https://127.0.0.1:{nginx.extra_ports['https']}"
+        with httpx.Client(verify=str(cert), http2=False) as client:
+            models = client.get(https + "/v1/models", timeout=30)
+            assert models.status_code == 200, models.text
+            assert models.json()["data"][0]["id"] == SERVED_NAME
+            assert models.headers["strict-transport-security"].startswith("max-age=")
+        redirect = httpx.get(f"http://127.0.0.1:{nginx.extra_ports['redirect']}/v1/models",
+                             headers={"Host": "llm.example.com"})
+        assert redirect.status_code == 308
+        assert redirect.headers["location"] == "https://llm.example.com/v1/models"
+    finally:
+        nginx.stop()
+
+
+def test_completion_through_nginx(nginx_single: Nginx, gateway: ServerProcess) -> None:
+    direct = completion(gateway.base_url)
+    proxied = completion(nginx_single.base_url, headers={"X-Request-ID": "e2e-nginx-1"})
+    assert direct.status_code == proxied.status_code == 200, proxied.text
+    assert proxied.json()["choices"][0]["text"] == direct.json()["choices"][0]["text"]
+    assert proxied.headers["x-request-id"] == "e2e-nginx-1"  # passed through both ways
+    generated = completion(nginx_single.base_url).headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated), generated  # nginx's $request_id when none sent
+    # Gateway errors pass through in their own OpenAI shape, not nginx's.
+    bad = completion(nginx_single.base_url, max_tokens=-1)
+    assert bad.status_code == 400
+    assert bad.json()["error"]["type"] == "BadRequestError"
+    assert f'rid={generated}' in nginx_single.access_log()
+
+
+def test_streaming_is_not_buffered_by_nginx(nginx_single: Nginx, gateway: ServerProcess) -> None:
+    """Time to first chunk, direct vs through nginx, on a 64-token streamed generation (interleaved,
+    medians of 3): nginx adds at most 50 ms, and the chunks reach the client spread over the
+    generation instead of all at the end."""
+    direct: list[StreamTiming] = []
+    proxied: list[StreamTiming] = []
+    with httpx.Client() as client:
+        timed_stream(client, gateway.base_url, max_tokens=4)  # warm the connections and the prefix cache
+        timed_stream(client, nginx_single.base_url, max_tokens=4)
+        for _ in range(REPETITIONS):
+            direct.append(timed_stream(client, gateway.base_url))
+            proxied.append(timed_stream(client, nginx_single.base_url))
+    d_ttfc = statistics.median(t.ttfc for t in direct)
+    p_ttfc = statistics.median(t.ttfc for t in proxied)
+    p_total = statistics.median(t.total for t in proxied)
+    p_spread = statistics.median(t.first_to_last for t in proxied)
+    print(f"\ntime to first chunk, median of {REPETITIONS}: direct {d_ttfc * 1000:.1f} ms, "
+          f"through nginx {p_ttfc * 1000:.1f} ms (all: direct {[round(t.ttfc * 1000, 1) for t in direct]}, "
+          f"nginx {[round(t.ttfc * 1000, 1) for t in proxied]}); through nginx the stream took "
+          f"{p_total:.2f} s, first->last chunk {p_spread:.2f} s, reads {[t.reads for t in proxied]}")
+    assert proxied[0].text == direct[0].text  # same greedy text, nothing altered
+    assert proxied[0].headers["content-type"].startswith("text/event-stream")
+    assert p_ttfc <= d_ttfc + TTFC_MARGIN_S, (d_ttfc, p_ttfc)
+    # Not buffered to the end: the first chunk came early and most of the stream time lies
+    # between the first and the last chunk, delivered over many reads.
+    assert p_spread >= 0.7 * p_total, (p_spread, p_total)
+    assert min(t.reads for t in proxied) >= 16
+
+
+def test_rate_limit_answers_429_in_openai_shape(nginx_single: Nginx) -> None:
+    """60 requests at once from one client address (127.0.0.3): the burst passes, the rest get
+    429 with an OpenAI error body and Retry-After; another client (127.0.0.1) is unaffected."""
+
+    async def burst() -> list[httpx.Response]:
+        transport = httpx.AsyncHTTPTransport(local_address="127.0.0.3")
+        limits = httpx.Limits(max_connections=16)
+        async with httpx.AsyncClient(transport=transport, limits=limits, timeout=30) as client:
+            return await asyncio.gather(*(client.get(nginx_single.base_url + "/v1/models") for _ in range(60)))
+
+    responses = asyncio.run(burst())
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429}, codes
+    assert codes.count(200) >= 21, codes  # burst=20 (+1 for the rate itself)
+    assert codes.count(429) >= 10, codes
+    limited = next(r for r in responses if r.status_code == 429)
+    assert limited.headers["content-type"] == "application/json"
+    assert limited.headers["retry-after"] == "1"
+    error = limited.json()["error"]
+    assert error["type"] == "RateLimitError" and error["code"] == 429
+    assert set(error) == {"message", "type", "param", "code"}
+    # The limit is per client: 127.0.0.1 still gets through right away.
+    assert httpx.get(nginx_single.base_url + "/v1/models").status_code == 200
+
+
+def test_metrics_only_for_the_allow_list(nginx_single: Nginx) -> None:
+    allowed = httpx.get(nginx_single.base_url + "/metrics")
+    assert allowed.status_code == 200
+    assert "gateway_requests_total" in allowed.text
+    with httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2")) as other:
+        denied = other.get(nginx_single.base_url + "/metrics")
+        assert denied.status_code == 403
+        assert denied.json()["error"]["type"] == "PermissionDeniedError"
+        # The API itself is open to that client.
+        assert other.get(nginx_single.base_url + "/v1/models").status_code == 200
+
+
+def test_no_instance_reachable_is_a_json_502(tmp_path: Path) -> None:
+    nginx = start_nginx(tmp_path, [free_port()])  # nothing listens there
+    try:
+        resp = completion(nginx.base_url)
+        assert resp.status_code == 502
+        assert resp.headers["content-type"] == "application/json"
+        assert resp.json()["error"] == {"message": "No gateway instance could be reached.",
+                                        "type": "BadGatewayError", "param": None, "code": 502}
+    finally:
+        nginx.stop()
+
+
+def test_two_instances_share_the_traffic(
+    tmp_path: Path, gateway: ServerProcess, notified_gateway: NotifiedGateway
+) -> None:
+    """Upstream = two real gateways + one dead address (least_conn, passive health checks): every
+    POST succeeds exactly once (the dead server's refused connects are retried elsewhere, nothing
+    is sent twice) and both live instances serve some of them."""
+    second = notified_gateway.server
+    assert second.proc.poll() is None
+    dead = free_port()
+    nginx = start_nginx(tmp_path, [gateway.port, second.port, dead])
+    try:
+        before = (requests_served(gateway), requests_served(second))
+        n = 10
+        for i in range(n):
+            resp = completion(nginx.base_url, prompt=f"Count to {i}:", max_tokens=2)
+            assert resp.status_code == 200, resp.text
+        after = (requests_served(gateway), requests_served(second))
+        got = [a - b for a, b in zip(after, before)]
+        assert sum(got) == n, got
+        assert got[0] >= 1 and got[1] >= 1, got
+        log = nginx.access_log()
+        assert f"127.0.0.1:{gateway.port}" in log and f"127.0.0.1:{second.port}" in log
+        # The dead server was tried, failed, and the request went on to a live one.
+        assert re.search(rf'upstream="127\.0\.0\.1:{dead}, 127\.0\.0\.1:\d+" ustatus="502, 200"', log), log
+        assert "connect() failed (111: Connection refused)" in nginx.error_log()
+    finally:
+        nginx.stop()
