@@ -1,4 +1,4 @@
-"""`llm-gateway` (= `python -m server`): serve, prepare-model, check-config."""
+"""`llm-gateway` (= `python -m server`): serve, prepare-model, check-config, bench."""
 
 from __future__ import annotations
 
@@ -103,7 +103,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from loadtest.cli import main as loadtest_main
+
+    return loadtest_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # Forwarded untouched: argparse would otherwise eat the load tester's own flags and --help.
+        return cmd_bench(argv[1:])
     parser = argparse.ArgumentParser(prog="llm-gateway", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -121,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a profile and print the effective settings")
     _add_config_args(check)
     check.set_defaults(func=cmd_check_config)
+
+    sub.add_parser("bench", add_help=False, help="load test a server (= python -m loadtest; see loadtest/README.md)")
 
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
