@@ -67,7 +67,8 @@ class MetricsMiddleware:
                 self.metrics.in_flight.labels(route=route).dec()
                 self.metrics.requests.labels(route=route, status=str(status)).inc()
                 self.metrics.request_duration.labels(route=route).observe(duration)
-                if 400 <= status < 600 and status != 499:
+                if route != "other" and 400 <= status < 600 and status != 499:
+                    # Unknown paths (scanners, typos) are not rejected traffic.
                     self.metrics.observe_rejection(status)
                 logger.info(
                     "request_id=%s method=%s route=%s status=%d duration_ms=%.1f",

@@ -204,6 +204,10 @@ def engine_args_kwargs(settings: Settings) -> dict[str, Any]:
         "max_logprobs": p.max_logprobs,
         # The gateway logs one line per request itself.
         "enable_log_requests": False,
+        # Stats on: AsyncLLM then registers vLLM's PrometheusStatLogger (the vllm:* families,
+        # labelled model_name=<served name>) on prometheus_client's global REGISTRY, which
+        # /metrics appends to the gateway's own families.
+        "disable_log_stats": False,
     }
     optional = {
         "tokenizer": p.tokenizer,

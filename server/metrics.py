@@ -128,13 +128,24 @@ def exposition(metrics: GatewayMetrics, openmetrics: bool, include_vllm: bool = 
         body = generate_openmetrics(metrics.registry)
         # OpenMetrics ends with "# EOF"; vLLM's families go before it.
         if include_vllm:
-            vllm_text = generate_openmetrics(_VllmOnly(REGISTRY))
+            # prometheus_client's default "underscores" escaping rewrites the ':' of sample
+            # names (vllm:x -> vllm_x) but not of their # TYPE lines, so the samples would not
+            # belong to their families. ':' is a legal (legacy) name rune: with allow-utf-8,
+            # legacy-valid names are written unchanged.
+            vllm_text = _openmetrics_keep_colons(_VllmOnly(REGISTRY))
             body = body.removesuffix(b"# EOF\n") + vllm_text
         return body, OPENMETRICS_CONTENT_TYPE
     body = generate_latest(metrics.registry)
     if include_vllm:
         body += generate_latest(_VllmOnly(REGISTRY))
     return body, CONTENT_TYPE_LATEST
+
+
+def _openmetrics_keep_colons(collector: object) -> bytes:
+    try:
+        return generate_openmetrics(collector, escaping="allow-utf-8")
+    except TypeError:  # prometheus_client before 0.22 has no escaping and keeps ':' as is
+        return generate_openmetrics(collector)
 
 
 class _VllmOnly:

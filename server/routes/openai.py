@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from server.metrics import GatewayMetrics
 from server.protocol import CompletionRequest, CompletionResponse, ErrorResponse, ModelList
@@ -36,18 +36,32 @@ class ClientDisconnected(Exception):
 class EventStreamResponse(StreamingResponse):
     """SSE response that releases the engine lease however the stream ends."""
 
-    def __init__(self, stream: EventStream, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        stream: EventStream,
+        on_close: Callable[[], None],
+        on_disconnect: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(stream.events, media_type="text/event-stream", headers=STREAM_HEADERS)
         self._stream = stream
         self._on_close = on_close
+        self._on_disconnect = on_disconnect
+        self.completed = False  # the last body message went out: the client got the whole stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_tracking(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.completed = True
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_tracking)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
             await self._stream.aclose()
             self._on_close()
+            if not self.completed and self._on_disconnect is not None:
+                self._on_disconnect()
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -78,12 +92,20 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected()
 
 
-def _observe_tokens(metrics: GatewayMetrics, route: str, stats: RequestStats, started: float) -> None:
+def _observe_tokens(
+    metrics: GatewayMetrics, route: str, stats: RequestStats, started: float, *, streamed: bool = False
+) -> None:
+    """Token counters and finish reasons for every request; TTFT and TPOT for streams only.
+
+    A non-streamed response reaches the client in one piece, so its "first token" is its last
+    byte (already in gateway_request_duration_seconds); mixing it into TTFT would hide the
+    gateway's overhead over vLLM's own TTFT.
+    """
     metrics.prompt_tokens.labels(route=route).inc(stats.prompt_tokens)
     metrics.completion_tokens.labels(route=route).inc(stats.completion_tokens)
     for reason in stats.finish_reasons:
         metrics.finished.labels(route=route, reason=reason).inc()
-    if stats.first_token_at is not None:
+    if streamed and stats.first_token_at is not None:
         ttft = stats.first_token_at - started
         metrics.ttft.labels(route=route).observe(ttft)
         if stats.completion_tokens > 1:
@@ -111,7 +133,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return Response(status_code=499)
     if isinstance(result, EventStream):
         return EventStreamResponse(
-            result, on_close=lambda: _observe_tokens(metrics, route, stats, started)
+            result,
+            on_close=lambda: _observe_tokens(metrics, route, stats, started, streamed=True),
+            on_disconnect=metrics.disconnects.labels(route=route).inc,
         )
     _observe_tokens(metrics, route, stats, started)
     return JSONResponse(result.model_dump(mode="json"))
