@@ -24,6 +24,7 @@ from tests.e2e.conftest import (
     Nginx,
     NotifiedGateway,
     nginx_test,
+    port_of,
     start_nginx,
     write_wrapper,
 )
@@ -33,9 +34,10 @@ TTFC_MARGIN_S = 0.050  # proxied median time-to-first-chunk may exceed direct by
 REPETITIONS = 3
 
 
-def completion(base_url: str, prompt: str = "The capital of France is", max_tokens: int = 4, **kw) -> httpx.Response:
-    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **kw}
-    return httpx.post(base_url + "/v1/completions", json=body, timeout=120)
+def completion(base_url: str, prompt: str = "The capital of France is", max_tokens: int = 4,
+               headers: dict[str, str] | None = None) -> httpx.Response:
+    body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    return httpx.post(base_url + "/v1/completions", json=body, headers=headers, timeout=120)
 
 
 @dataclass
@@ -110,7 +112,7 @@ def test_tls_example_serves_https_and_redirects(tmp_path: Path, gateway: ServerP
          "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=30)
-    nginx = start_nginx(tmp_path / "nginx", [gateway.port], tls={"cert": cert, "key": key})
+    nginx = start_nginx(tmp_path / "nginx", [port_of(gateway)], tls={"cert": cert, "key": key})
     try:
         https = f"https://127.0.0.1:{nginx.extra_ports['https']}"
         with httpx.Client(verify=str(cert), http2=False) as client:
@@ -228,7 +230,7 @@ def test_two_instances_share_the_traffic(
     second = notified_gateway.server
     assert second.proc.poll() is None
     dead = free_port()
-    nginx = start_nginx(tmp_path, [gateway.port, second.port, dead])
+    nginx = start_nginx(tmp_path, [port_of(gateway), second.port, dead])
     try:
         before = (requests_served(gateway), requests_served(second))
         n = 10
@@ -240,7 +242,7 @@ def test_two_instances_share_the_traffic(
         assert sum(got) == n, got
         assert got[0] >= 1 and got[1] >= 1, got
         log = nginx.access_log()
-        assert f"127.0.0.1:{gateway.port}" in log and f"127.0.0.1:{second.port}" in log
+        assert f"127.0.0.1:{port_of(gateway)}" in log and f"127.0.0.1:{second.port}" in log
         # The dead server was tried, failed, and the request went on to a live one.
         assert re.search(rf'upstream="127\.0\.0\.1:{dead}, 127\.0\.0\.1:\d+" ustatus="502, 200"', log), log
         assert "connect() failed (111: Connection refused)" in nginx.error_log()
