@@ -36,7 +36,7 @@ def substitute(expr: str, rate_interval: str, variables: dict[str, str] | None =
 
 def query_range(prometheus: str, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
     params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
-    with urllib.request.urlopen(f"{prometheus}/api/v1/query_range?{params}", timeout=30) as resp:
+    with urllib.request.urlopen(f"{prometheus}/api/v1/query_range?{params}", timeout=120) as resp:
         body = json.load(resp)
     if body.get("status") != "success":
         raise RuntimeError(f"{expr}: {body}")

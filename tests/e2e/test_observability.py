@@ -36,6 +36,8 @@ PROVISIONING = ROOT / "deploy" / "grafana" / "provisioning"
 COMPLETIONS = "/v1/completions"
 # Instant queries look back this far: it covers the whole load and >= 2 scrapes of it.
 RATE_WINDOW = "2m"
+# Short enough for a quick test, long enough for a busy 2-core machine to answer each scrape.
+SCRAPE = "2s"
 
 # vLLM's own families the issue asks for (names checked on a live scrape of vLLM 0.32).
 VLLM_FAMILIES = [
@@ -172,7 +174,7 @@ class Prometheus:
     log_path: Path
 
     def query(self, expr: str) -> list[dict]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=30)
+        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=120)
         body = r.json()
         assert body.get("status") == "success", f"{expr}: {body}"
         return body["data"]["result"]
@@ -184,9 +186,9 @@ def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pr
     assert exe, "prometheus is missing: .ci/run installs the Debian package `prometheus`"
     tmp = tmp_path_factory.mktemp("prometheus")
     config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["global"].update(scrape_interval=SCRAPE, evaluation_interval=SCRAPE)
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "llm-gateway")
-    job.update(scrape_interval="1s", scrape_timeout="1s")
+    job.update(scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
     target = urllib.parse.urlsplit(gateway.base_url).netloc
     job["static_configs"] = [{"targets": [target], "labels": {"service": "llm-gateway"}}]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -231,7 +233,15 @@ def loaded(gateway, prometheus: Prometheus) -> Prometheus:  # type: ignore[no-un
     assert complete(url, prompt="stop here.", max_tokens=40, stop=["."]).status_code == 200
     assert complete(url, prompt="x", max_tokens=-1).status_code == 400
     abandon_stream(url)
-    time.sleep(3.5)
+    # Wait until Prometheus has scraped the gateway's final counts (the first scrape, before the
+    # load, was awaited by the `prometheus` fixture): rates over the window then see the load.
+    expected = value(samples(scrape(url)), "gateway_requests_total", route=COMPLETIONS)
+
+    def scraped_all() -> bool:
+        got = prometheus.query(f'sum(gateway_requests_total{{job="llm-gateway", route="{COMPLETIONS}"}})')
+        return bool(got) and float(got[0]["value"][1]) >= expected
+
+    assert wait_for(scraped_all, timeout=60, interval=1.0), "Prometheus never scraped the load"
     return prometheus
 
 
@@ -344,6 +354,11 @@ def test_openmetrics_on_request(gateway) -> None:  # type: ignore[no-untyped-def
     assert r.text.endswith("# EOF\n") and r.text.count("# EOF") == 1
     assert "# TYPE gateway_requests counter" in r.text
     assert "# TYPE vllm:generation_tokens counter" in r.text
+    # Prometheus asks for OpenMetrics: the samples must keep the ':' of their family's name
+    # (prometheus_client's default escaping writes vllm_generation_tokens_total, which would
+    # leave every vllm:* panel and alert without data).
+    assert re.search(r"^vllm:generation_tokens_total\{", r.text, re.M)
+    assert not re.search(r"^vllm_", r.text, re.M)
 
 
 def test_counters_move_by_exactly_the_requests_and_tokens(gateway) -> None:  # type: ignore[no-untyped-def]
@@ -404,7 +419,13 @@ def test_counters_move_by_exactly_the_requests_and_tokens(gateway) -> None:  # t
     assert delta("vllm:request_generation_tokens_sum") == gen_sum
 
 
-def test_abandoned_stream_counts_a_disconnect_and_an_abort(gateway) -> None:  # type: ignore[no-untyped-def]
+def test_abandoned_stream_counts_a_disconnect_and_is_aborted(gateway) -> None:  # type: ignore[no-untyped-def]
+    """A client that hangs up mid-stream: one disconnect, and vLLM stops generating for it.
+
+    vLLM 0.32 counts aborts requested by the frontend in no counter (its
+    request_success_total{finished_reason="abort"} stays put), so the abort shows as the engine
+    going idle long before the 1000 tokens asked for.
+    """
     url = gateway.base_url
     before = samples(scrape(url))
     abandon_stream(url)
@@ -413,17 +434,18 @@ def test_abandoned_stream_counts_a_disconnect_and_an_abort(gateway) -> None:  # 
         snap = samples(scrape(url))
         moved = value(snap, "gateway_client_disconnects_total", route=COMPLETIONS) > value(
             before, "gateway_client_disconnects_total", route=COMPLETIONS)
-        aborted = value(snap, "vllm:request_success_total", finished_reason="abort") > value(
-            before, "vllm:request_success_total", finished_reason="abort")
-        return snap if moved and aborted else {}
+        idle = value(snap, "vllm:num_requests_running") == 0
+        return snap if moved and idle else {}
 
-    after = wait_for(counted, timeout=20)
-    assert after, "the abandoned stream was not counted as a disconnect and an abort"
+    after = wait_for(counted, timeout=30)
+    assert after, "the abandoned stream was not counted as a disconnect, or vLLM still runs it"
     assert value(after, "gateway_client_disconnects_total", route=COMPLETIONS) - value(
         before, "gateway_client_disconnects_total", route=COMPLETIONS) == 1
-    assert value(after, "vllm:request_success_total", finished_reason="abort") - value(
-        before, "vllm:request_success_total", finished_reason="abort") == 1
-    assert value(after, "vllm:num_requests_running") == 0
+    time.sleep(1.0)
+    later = samples(scrape(url))
+    generated = value(later, "vllm:generation_tokens_total") - value(before, "vllm:generation_tokens_total")
+    assert 1 <= generated < 1000, generated
+    assert value(later, "vllm:num_requests_running") == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,7 +482,9 @@ def test_load_is_visible_in_prometheus(loaded: Prometheus) -> None:
     assert {"200", "400"} <= statuses
     reasons = {s["metric"]["finished_reason"] for s in loaded.query(
         f'sum by (finished_reason) (increase(vllm:request_success_total[{window}])) > 0')}
-    assert {"length", "abort"} <= reasons
+    assert "length" in reasons
+    [gone] = loaded.query(f'sum(increase(gateway_client_disconnects_total{{job="llm-gateway"}}[{window}]))')
+    assert float(gone["value"][1]) > 0
     [ttft] = loaded.query(
         f'histogram_quantile(0.5, sum by (le) (rate(gateway_time_to_first_token_seconds_bucket[{window}])))')
     assert 0 < float(ttft["value"][1]) < 60
@@ -476,7 +500,7 @@ def test_alert_rules_load_and_stay_quiet_on_a_healthy_server(loaded: Prometheus)
         rs = [rule for g in got["data"]["groups"] for rule in g["rules"]]
         return rs if all(rule.get("lastEvaluation", "").startswith("20") for rule in rs) else []
 
-    rules = wait_for(evaluated, timeout=10)
+    rules = wait_for(evaluated, timeout=30)
     assert rules
     for rule in rules:
         assert rule["health"] == "ok", rule
