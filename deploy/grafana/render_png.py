@@ -69,8 +69,12 @@ def render(prometheus: str, out: Path, start: float, end: float, step: float, ra
         if "expr" not in ann:
             continue
         for series in query_range(prometheus, substitute(ann["expr"], rate_interval), start, end, step):
+            last = None
             for ts, _ in series["values"]:
-                marks.append((float(ts), ann.get("iconColor", "orange")))
+                # one mark per event: the first step of each run of consecutive matching steps
+                if last is None or float(ts) - last > step * 1.5:
+                    marks.append((float(ts), ann.get("iconColor", "orange")))
+                last = float(ts)
 
     cols = 3
     rows = math.ceil(len(panels) / cols)
