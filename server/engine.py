@@ -208,14 +208,6 @@ def engine_args_kwargs(settings: Settings) -> dict[str, Any]:
         # labelled model_name=<served name>) on prometheus_client's global REGISTRY, which
         # /metrics appends to the gateway's own families.
         "disable_log_stats": False,
-        # Stats on: AsyncLLM then registers vLLM's PrometheusStatLogger (the vllm:* families,
-        # labelled model_name=<served name>) on prometheus_client's global REGISTRY, which
-        # /metrics appends to the gateway's own families.
-        "disable_log_stats": False,
-        # Stats on: AsyncLLM then registers vLLM's PrometheusStatLogger (the vllm:* families,
-        # labelled model_name=<served name>) on prometheus_client's global REGISTRY, which
-        # /metrics appends to the gateway's own families.
-        "disable_log_stats": False,
     }
     optional = {
         "tokenizer": p.tokenizer,
