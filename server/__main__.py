@@ -25,6 +25,9 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model directory or hub id (engine.model)")
     parser.add_argument("--served-model-name", help="name clients send as `model` (engine.served_model_name)")
     parser.add_argument("--max-model-len", type=int, help="context length (engine.max_model_len)")
+    parser.add_argument("--api-key", action="append", help="accepted API key (auth.api_keys); repeatable")
+    parser.add_argument("--api-key-file", help="file of API keys, one per line (auth.api_key_file)")
+    parser.add_argument("--admin-key", action="append", help="admin key for /admin/* (auth.admin_keys); repeatable")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,7 +42,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "served_model_name": args.served_model_name,
         "max_model_len": args.max_model_len,
     }
+    auth = {
+        "api_keys": args.api_key,
+        "api_key_file": args.api_key_file,
+        "admin_keys": args.admin_key,
+    }
     out: dict[str, Any] = {}
+    if any(v is not None for v in auth.values()):
+        out["auth"] = {k: v for k, v in auth.items() if v is not None}
     if any(v is not None for v in server.values()):
         out["server"] = {k: v for k, v in server.items() if v is not None}
     if any(v is not None for v in engine.values()):
@@ -97,7 +107,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _load(args)
     from server.profile_checks import profile_warnings
 
-    print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    shown = settings.model_dump(mode="json")
+    for field in ("api_keys", "admin_keys"):
+        shown["auth"][field] = ["***"] * len(shown["auth"][field])  # never print secrets
+    print(json.dumps(shown, indent=2))
     for warning in profile_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     return 0

@@ -17,8 +17,10 @@ from server import __version__
 from server.errors import GatewayError, error_body
 from server.holder import EngineHolder
 from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
+from server.middleware import AuthMiddleware, BodyLimitMiddleware
 from server.routes import openai as openai_routes
 from server.routes import ops as ops_routes
+from server.serving.chat import ChatService
 from server.serving.completions import CompletionService
 from server.settings import Settings
 
@@ -115,9 +117,9 @@ def build_app(
     app.state.settings = settings
     app.state.holder = holder
     app.state.metrics = metrics
-    app.state.completions = CompletionService(
-        holder, fingerprint=f"llm-gateway-{__version__}"
-    )
+    fingerprint = f"llm-gateway-{__version__}"
+    app.state.completions = CompletionService(holder, fingerprint=fingerprint)
+    app.state.chat = ChatService(holder, fingerprint=fingerprint)
     metrics.set_engine_state(holder.state.value)
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
 
@@ -144,5 +146,13 @@ def build_app(
 
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
+    # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(
+        AuthMiddleware,
+        api_keys=settings.auth.resolved_api_keys(),
+        admin_keys=settings.auth.resolved_admin_keys(),
+        open_paths=settings.auth.open_paths,
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -100,7 +100,7 @@ class SamplingOptions:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
-    json_schema: Any = None
+    structured: dict[str, Any] | None = None  # vLLM StructuredOutputsParams fields (json, json_object, ...)
     stream: bool = False
 
 
@@ -125,6 +125,12 @@ class Engine(Protocol):
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool
+    ) -> str:
+        """The model's chat template applied to `messages`, as text."""
+        ...
 
     def make_sampling(self, options: SamplingOptions) -> Any:
         """Validate options and build the engine's own sampling object (raises InvalidRequestError)."""
@@ -313,9 +319,14 @@ class VllmEngine:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool
+    ) -> str:
         return self._tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
         )
 
     # -- generation ----------------------------------------------------------------------
@@ -346,10 +357,10 @@ class VllmEngine:
             "logit_bias": options.logit_bias,
             "output_kind": RequestOutputKind.DELTA if options.stream else RequestOutputKind.FINAL_ONLY,
         }
-        if options.json_schema is not None:
+        if options.structured is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
-            kwargs["structured_outputs"] = StructuredOutputsParams(**options.json_schema)
+            kwargs["structured_outputs"] = StructuredOutputsParams(**options.structured)
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError, VLLMClientError) as exc:

@@ -75,6 +75,18 @@ class EngineHolder:
             return False
         return True
 
+    def status(self) -> dict[str, object]:
+        engine = self.engine
+        return {
+            "state": self.state.value,
+            "in_flight": self._in_flight,
+            "started_at": self.started_at,
+            "model": self.settings.served_model_name,
+            "vllm_version": engine.info.vllm_version if engine else None,
+            "profile": self.settings.summary(),
+            "start_error": repr(self.start_error) if self.start_error else None,
+        }
+
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import signal
@@ -123,6 +124,12 @@ class Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
         logger.info("effective profile: %s", json.dumps(self.settings.summary(), default=str))
+        if not self.settings.auth.resolved_api_keys() and not is_loopback(self.settings.server.host):
+            logger.warning(
+                "no API key configured and bound to %s: anyone who can reach this port can use "
+                "the API. Set auth.api_keys (--api-key) or bind to 127.0.0.1 behind a proxy.",
+                self.settings.server.host,
+            )
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
@@ -140,6 +147,13 @@ class Gateway:
             await asyncio.gather(*self._tasks, return_exceptions=True)
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def profile_labels(settings: Settings, vllm_version: str) -> dict[str, str]:

@@ -53,6 +53,57 @@ class ServerSettings(BaseModel):
     """Idle keep-alive timeout; longer than nginx's upstream keepalive_timeout (60 s)."""
 
 
+class AuthSettings(BaseModel):
+    """API keys. No key configured means open access (warned about off loopback)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_keys: list[str] = Field(default_factory=list)
+    """Keys accepted as `Authorization: Bearer <key>` on the API routes."""
+
+    api_key_file: Path | None = None
+    """A file with more API keys, one per line (`#` comments allowed)."""
+
+    admin_keys: list[str] = Field(default_factory=list)
+    """Keys for /admin/* (reload, status). Without one, /admin/* is open only when no API key is set."""
+
+    admin_key_file: Path | None = None
+    """A file with more admin keys, one per line."""
+
+    open_paths: list[str] = Field(default_factory=lambda: ["/health", "/ready", "/metrics"])
+    """Paths served without a key (probes and scraping); /docs and /openapi.json are not listed by default."""
+
+    def _read(self, inline: list[str], path: Path | None) -> list[str]:
+        keys = [k for k in inline if k]
+        if path is not None:
+            for line in Path(path).read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    keys.append(line)
+        return keys
+
+    def resolved_api_keys(self) -> list[str]:
+        return self._read(self.api_keys, self.api_key_file)
+
+    def resolved_admin_keys(self) -> list[str]:
+        return self._read(self.admin_keys, self.admin_key_file)
+
+
+class LimitSettings(BaseModel):
+    """Per-request limits, each answered with an OpenAI-shaped error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest request body accepted (413 above)."""
+
+    max_n: int = Field(16, ge=1)
+    """Largest `n` (choices per prompt)."""
+
+    max_prompts_per_request: int = Field(64, ge=1)
+    """Most prompts in one /v1/completions request (a list of strings or token-id lists)."""
+
+
 class EngineProfile(BaseModel):
     """The engine profile: every field maps onto vLLM's ``AsyncEngineArgs``."""
 
@@ -164,6 +215,12 @@ class Settings(BaseSettings):
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     """HTTP server settings."""
+
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """API keys and open paths."""
+
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    """Per-request limits."""
 
     engine: EngineProfile = Field(default_factory=EngineProfile)
     """The vLLM engine profile."""

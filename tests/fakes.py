@@ -30,6 +30,10 @@ class FakeEngine:
     def decode(self, token_ids: Sequence[int]) -> str:
         return " ".join(f"t{t}" for t in token_ids)
 
+    def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+                    continue_final_message: bool) -> str:
+        return " ".join(f"{m['role']}: {m['content']}" for m in messages) + (" assistant:" if add_generation_prompt else "")
+
     def make_sampling(self, options: SamplingOptions) -> SamplingOptions:
         if options.temperature < 0:
             raise InvalidRequestError("temperature must be non-negative", param="temperature")

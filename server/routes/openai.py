@@ -12,8 +12,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from server.metrics import GatewayMetrics
-from server.protocol import CompletionRequest, CompletionResponse, ErrorResponse, ModelList
-from server.serving.completions import CompletionService, EventStream, RequestStats, new_request_id
+from server.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelList,
+)
+from server.serving.chat import ChatService
+from server.serving.common import EventStream, RequestStats, new_request_id
+from server.serving.completions import CompletionService
 from server.serving.models import list_models
 
 T = TypeVar("T")
@@ -24,9 +33,14 @@ STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid request"},
+    401: {"model": ErrorResponse, "description": "Missing or wrong API key"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
+    413: {"model": ErrorResponse, "description": "Request body too large"},
+    429: {"model": ErrorResponse, "description": "Too many requests in flight"},
     503: {"model": ErrorResponse, "description": "No engine can serve right now"},
 }
+STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                   "description": "The result, or with `stream: true` server-sent events ending in `data: [DONE]`"}
 
 
 class ClientDisconnected(Exception):
@@ -113,21 +127,16 @@ def _observe_tokens(
             metrics.tpot.labels(route=route).observe(tpot)
 
 
-@router.post(
-    "/v1/completions",
-    response_model=CompletionResponse,
-    responses={**ERROR_RESPONSES, 200: {"content": {"text/event-stream": {}}}},
-    summary="Create a completion (plain or streaming)",
-)
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    service: CompletionService = request.app.state.completions
+async def _serve(
+    request: Request, route: str, create: Callable[[str, RequestStats], Awaitable[Any]], id_prefix: str
+) -> Response:
+    """Shared by both generation routes: run, cancel on disconnect, observe, respond."""
     metrics: GatewayMetrics = request.app.state.metrics
-    route = "/v1/completions"
     started = request.state.started
     stats = RequestStats()
-    request_id = new_request_id("cmpl")
+    request_id = new_request_id(id_prefix)
     try:
-        result = await cancel_on_disconnect(request, service.create(body, request_id, stats))
+        result = await cancel_on_disconnect(request, create(request_id, stats))
     except ClientDisconnected:
         metrics.disconnects.labels(route=route).inc()
         return Response(status_code=499)
@@ -139,6 +148,32 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         )
     _observe_tokens(metrics, route, stats, started)
     return JSONResponse(result.model_dump(mode="json"))
+
+
+@router.post(
+    "/v1/completions",
+    response_model=CompletionResponse,
+    responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+    summary="Create a completion (plain or streaming)",
+)
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    service: CompletionService = request.app.state.completions
+    return await _serve(
+        request, "/v1/completions", lambda rid, stats: service.create(body, rid, stats), "cmpl"
+    )
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+    summary="Create a chat completion (plain or streaming)",
+)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    service: ChatService = request.app.state.chat
+    return await _serve(
+        request, "/v1/chat/completions", lambda rid, stats: service.create(body, rid, stats), "chatcmpl"
+    )
 
 
 @router.get("/v1/models", response_model=ModelList, summary="List the served model")

@@ -38,3 +38,9 @@ async def metrics(request: Request) -> Response:
         request.app.state.metrics, openmetrics="application/openmetrics-text" in accept
     )
     return Response(body, media_type=content_type)
+
+
+@router.get("/admin/status", summary="Engine state, active profile, in-flight requests (admin key)")
+async def admin_status(request: Request) -> JSONResponse:
+    holder: EngineHolder = request.app.state.holder
+    return JSONResponse(holder.status())

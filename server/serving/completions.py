@@ -6,16 +6,14 @@ No FastAPI here: the route hands in a parsed `CompletionRequest` and gets back e
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from server.engine import ChoiceOutput, Engine, GenerationOutput, SamplingOptions, TokenLogprob
-from server.errors import GatewayError, InternalError, InvalidRequestError, ModelNotFoundError
+from server.errors import InvalidRequestError
 from server.holder import EngineHolder
 from server.protocol import (
     CompletionChoice,
@@ -25,19 +23,22 @@ from server.protocol import (
     CompletionStreamResponse,
     Usage,
 )
+from server.serving.common import (
+    DONE_EVENT,
+    EventStream,
+    RequestStats,
+    check_limits,
+    check_logprobs,
+    check_model,
+    check_token_ids,
+    resolve_max_tokens,
+    sampling_options,
+    sse,
+    sse_error,
+)
 from server.serving.streams import merge_streams
 
 logger = logging.getLogger("llm_gateway.completions")
-
-DONE_EVENT = "data: [DONE]\n\n"
-
-
-@dataclass
-class EventStream:
-    """SSE strings for a streaming response; `aclose` releases the engine lease."""
-
-    events: AsyncIterator[str]
-    aclose: Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -51,64 +52,6 @@ class _ChoiceState:
     text_len: int = 0
     tokens: int = 0
     echoed: bool = False
-
-
-@dataclass
-class RequestStats:
-    """Filled in while a request runs; read by the route for metrics and the access log."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    first_token_at: float | None = None
-    finish_reasons: list[str] = field(default_factory=list)
-
-
-def new_request_id(prefix: str = "cmpl") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
-
-
-def sse(payload: str) -> str:
-    return f"data: {payload}\n\n"
-
-
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise ModelNotFoundError(
-            f"The model `{requested}` does not exist. Available: {served}.", param="model"
-        )
-
-
-def resolve_max_tokens(
-    requested: int | None, prompt_len: int, max_model_len: int, *, param: str = "max_tokens"
-) -> int:
-    """vLLM's rule: reject impossible values, clamp the rest to the room left in the context."""
-    room = max_model_len - prompt_len
-    if room < 1:
-        raise InvalidRequestError(
-            f"This model's maximum context length is {max_model_len} tokens, but the prompt "
-            f"has {prompt_len} tokens, which leaves no room for output. Shorten the prompt.",
-            param="prompt",
-        )
-    if requested is None:
-        return room
-    if requested < 1:
-        raise InvalidRequestError(f"{param} must be at least 1, got {requested}.", param=param)
-    if requested > max_model_len:
-        raise InvalidRequestError(
-            f"{param}={requested} cannot be greater than max_model_len={max_model_len}. "
-            "Please request fewer output tokens.",
-            param=param,
-        )
-    return min(requested, room)
-
-
-def check_token_ids(ids: list[int], vocab_size: int) -> None:
-    for tid in ids:
-        if tid < 0 or tid >= vocab_size:
-            raise InvalidRequestError(
-                f"Token id {tid} is out of vocabulary (vocabulary size {vocab_size}).",
-                param="prompt",
-            )
 
 
 def build_logprobs(entries: list[TokenLogprob], initial_offset: int) -> CompletionLogprobs:
@@ -130,6 +73,7 @@ class CompletionService:
     def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
         self.holder = holder
         self.fingerprint = fingerprint
+        self.limits = holder.settings.limits
 
     # -- preparation (all client errors surface here, before any byte is sent) -------------
 
@@ -162,60 +106,13 @@ class CompletionService:
         return prepared
 
     def _options(self, engine: Engine, req: CompletionRequest, max_tokens: int) -> SamplingOptions:
-        defaults = engine.info.default_sampling
-
-        def pick(name: str, fallback: float) -> float:
-            value = getattr(req, name)
-            return value if value is not None else defaults.get(name, fallback)
-
-        if req.logprobs is not None and req.logprobs < 0:
-            raise InvalidRequestError(f"logprobs must be non-negative, got {req.logprobs}.", param="logprobs")
-        if req.logprobs is not None and req.logprobs > engine.info.max_logprobs:
-            raise InvalidRequestError(
-                f"logprobs={req.logprobs} is more than the server allows ({engine.info.max_logprobs}).",
-                param="logprobs",
-            )
-        logit_bias = None
-        if req.logit_bias:
-            logit_bias = {}
-            for key, bias in req.logit_bias.items():
-                try:
-                    token_id = int(key)
-                except ValueError:
-                    raise InvalidRequestError(
-                        f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias"
-                    ) from None
-                if not 0 <= token_id < engine.info.vocab_size:
-                    raise InvalidRequestError(
-                        f"logit_bias token id {token_id} is out of vocabulary.", param="logit_bias"
-                    )
-                if not -100 <= bias <= 100:
-                    raise InvalidRequestError(
-                        f"logit_bias values must be in [-100, 100], got {bias}.", param="logit_bias"
-                    )
-                logit_bias[token_id] = bias
-        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        return SamplingOptions(
-            max_tokens=max_tokens,
-            n=req.n,
-            temperature=pick("temperature", 1.0),
-            top_p=pick("top_p", 1.0),
-            top_k=int(pick("top_k", 0)),
-            min_p=pick("min_p", 0.0),
-            presence_penalty=pick("presence_penalty", 0.0),
-            frequency_penalty=pick("frequency_penalty", 0.0),
-            repetition_penalty=pick("repetition_penalty", 1.0),
-            seed=req.seed,
-            stop=stop,
-            stop_token_ids=list(req.stop_token_ids or defaults.get("stop_token_ids") or []),
-            min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos,
+        check_logprobs(req.logprobs, engine, "logprobs")
+        return sampling_options(
+            engine,
+            req,
+            max_tokens,
             logprobs=req.logprobs,
             prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
-            skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output,
-            logit_bias=logit_bias,
-            stream=req.stream,
         )
 
     def _check_request(self, engine: Engine, req: CompletionRequest) -> None:
@@ -243,6 +140,7 @@ class CompletionService:
         try:
             self._check_request(engine, req)
             prompts = self._prompts(engine, req.prompt)
+            check_limits(self.limits, n=req.n, prompts=len(prompts))
             samplings = []
             for p in prompts:
                 max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), engine.info.max_model_len)
@@ -287,6 +185,7 @@ class CompletionService:
                 stats.completion_tokens += len(c.token_ids)
                 if c.finish_reason:
                     stats.finish_reasons.append(c.finish_reason)
+        stats.completed = True
         return CompletionResponse(
             id=request_id,
             model=self.holder.settings.served_model_name,
@@ -377,6 +276,7 @@ class CompletionService:
                     )
                     yield sse(chunk.model_dump_json(exclude={"usage"}))
             stats.completion_tokens = sum(s.tokens for s in states.values())
+            stats.completed = True
             if req.stream_options and req.stream_options.include_usage:
                 usage = Usage(
                     prompt_tokens=stats.prompt_tokens,
@@ -387,14 +287,9 @@ class CompletionService:
                     id=request_id, created=created, model=model, choices=[], usage=usage
                 )
                 yield sse(final.model_dump_json())
-        except GatewayError as exc:
-            stats.completion_tokens = sum(s.tokens for s in states.values())
-            logger.warning("stream %s failed: %s", request_id, exc.message)
-            yield sse(json.dumps(exc.body(), ensure_ascii=False))
         except Exception as exc:  # never leave a started stream without an ending
             stats.completion_tokens = sum(s.tokens for s in states.values())
-            logger.exception("stream %s failed", request_id)
-            yield sse(json.dumps(InternalError(f"generation failed: {exc!r}").body()))
+            yield sse_error(exc, request_id)
         finally:
             await merged.aclose()
         yield DONE_EVENT

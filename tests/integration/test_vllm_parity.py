@@ -16,9 +16,11 @@ import pytest
 
 from tests.conftest import SERVED_NAME, ServerProcess
 
+DATA = Path(__file__).parents[1] / "data"
 REQUESTS = [
-    json.loads(line)
-    for line in (Path(__file__).parents[1] / "data" / "parity_completions.jsonl").read_text().splitlines()
+    {**json.loads(line), "endpoint": endpoint}
+    for name, endpoint in (("parity_completions.jsonl", "/v1/completions"), ("parity_chat.jsonl", "/v1/chat/completions"))
+    for line in (DATA / name).read_text().splitlines()
     if line.strip()
 ]
 
@@ -28,12 +30,23 @@ VLLM_ONLY_RESPONSE_FIELDS = {
     "kv_transfer_params": "vLLM disaggregated-prefill plumbing, not part of the OpenAI API",
     "ec_transfer_params": "vLLM encoder-cache plumbing, not part of the OpenAI API",
     "metrics": "vLLM-internal per-request metrics (null); ours are on /metrics",
+    "prompt_logprobs": "vLLM extension on chat responses (null unless prompt_logprobs is sent)",
+    "prompt_token_ids": "vLLM extension (null unless return_token_ids is sent)",
+    "prompt_text": "vLLM extension (null unless return_prompt_text is sent)",
+}
+VLLM_ONLY_MESSAGE_FIELDS = {
+    "annotations": "web-search annotations; always null here",
+    "audio": "audio output; text-only models",
+    "function_call": "deprecated OpenAI field; always null without a tool parser",
+    "reasoning": "reasoning-parser output; no reasoning parser is configured",
+    "tool_calls": "no tool-call parser is configured (tools are refused with 400)",
 }
 VLLM_ONLY_CHOICE_FIELDS = {
     "token_ids": "null unless vLLM's return_token_ids extension is sent; not supported here",
     "prompt_token_ids": "same as token_ids",
     "prompt_logprobs": "vLLM's raw per-token dicts duplicate the OpenAI logprobs block (echo+logprobs)",
     "routed_experts": "MoE debugging extension, null for dense models",
+    "prompt_text": "vLLM's return_prompt_text extension (null unless asked)",
 }
 VLLM_ONLY_USAGE_FIELDS = {
     "prompt_tokens_details": "null unless prompt caching stats are enabled in vLLM",
@@ -54,18 +67,21 @@ def strip(payload: dict[str, Any]) -> dict[str, Any]:
     payload["choices"] = [
         {k: v for k, v in c.items() if k not in VLLM_ONLY_CHOICE_FIELDS} for c in payload.get("choices", [])
     ]
+    for c in payload["choices"]:
+        if "message" in c:
+            c["message"] = {k: v for k, v in c["message"].items() if k not in VLLM_ONLY_MESSAGE_FIELDS}
     if payload.get("usage"):
         payload["usage"] = {k: v for k, v in payload["usage"].items() if k not in VLLM_ONLY_USAGE_FIELDS}
     return payload
 
 
-def call(base_url: str, body: dict[str, Any]) -> tuple[int, Any]:
+def call(base_url: str, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
     body = {"model": SERVED_NAME, **body}
     with httpx.Client(base_url=base_url, timeout=120) as client:
         if not body.get("stream"):
-            r = client.post("/v1/completions", json=body)
+            r = client.post(endpoint, json=body)
             return r.status_code, r.json()
-        with client.stream("POST", "/v1/completions", json=body) as r:
+        with client.stream("POST", endpoint, json=body) as r:
             if r.status_code != 200:
                 r.read()
                 return r.status_code, r.json()
@@ -94,25 +110,31 @@ def fold_stream(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             out["usage"] = {k: v for k, v in chunk["usage"].items() if k not in VLLM_ONLY_USAGE_FIELDS}
         for c in chunk["choices"]:
             folded = out["choices"].setdefault(c["index"], {"text": "", "finish_reason": None, "stop_reason": None, "tokens": []})
-            folded["text"] += c["text"]
+            if "delta" in c:
+                folded["text"] += c["delta"].get("content") or ""
+                out["field_sets"].add(("delta",) + tuple(sorted(c["delta"])))
+            else:
+                folded["text"] += c["text"]
             if c.get("finish_reason"):
                 folded["finish_reason"] = c["finish_reason"]
                 folded["stop_reason"] = c.get("stop_reason")
             if c.get("logprobs"):
-                folded["tokens"] += c["logprobs"]["tokens"]
+                lp = c["logprobs"]
+                folded["tokens"] += lp["tokens"] if "tokens" in lp else [e["token"] for e in lp["content"]]
             out["field_sets"].add(tuple(sorted(k for k in c if k not in VLLM_ONLY_CHOICE_FIELDS)))
     return out
 
 
 def test_request_list_is_big_enough() -> None:
-    assert len(REQUESTS) >= 10
+    assert len(REQUESTS) >= 30
+    assert {r["endpoint"] for r in REQUESTS} == {"/v1/completions", "/v1/chat/completions"}
     assert any(r["body"].get("stream") for r in REQUESTS)
 
 
 @pytest.mark.parametrize("case", REQUESTS, ids=[r["name"] for r in REQUESTS])
 def test_same_answer_as_vllm(case: dict[str, Any], gateway: ServerProcess, vllm_reference: ServerProcess) -> None:
-    ours_status, ours = call(gateway.base_url, case["body"])
-    ref_status, ref = call(vllm_reference.base_url, case["body"])
+    ours_status, ours = call(gateway.base_url, case["endpoint"], case["body"])
+    ref_status, ref = call(vllm_reference.base_url, case["endpoint"], case["body"])
     assert ours_status == ref_status, (ours, ref)
     if ref_status != 200:
         assert ours["error"]["type"] == ref["error"]["type"]
@@ -131,7 +153,8 @@ def test_same_answer_as_vllm(case: dict[str, Any], gateway: ServerProcess, vllm_
     assert [set(c) for c in a["choices"]] == [set(c) for c in b["choices"]]
     assert a["usage"] == b["usage"]
     for ca, cb in zip(a["choices"], b["choices"], strict=True):
-        assert ca["text"] == cb["text"]
+        assert ca.get("text") == cb.get("text")
+        assert ca.get("message") == cb.get("message")
         assert ca["finish_reason"] == cb["finish_reason"]
         assert ca["stop_reason"] == cb["stop_reason"]
         assert close(ca["logprobs"], cb["logprobs"]), (ca["logprobs"], cb["logprobs"])

@@ -1,0 +1,232 @@
+"""`/v1/chat/completions`: messages -> chat template -> engine stream -> message or SSE deltas."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+from server.engine import Engine, GenerationOutput, TokenLogprob
+from server.errors import InvalidRequestError
+from server.holder import EngineHolder
+from server.protocol import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamResponse,
+    ChatDelta,
+    ChatLogprobContent,
+    ChatLogprobs,
+    ChatLogprobTop,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    Usage,
+)
+from server.serving.common import (
+    DONE_EVENT,
+    EventStream,
+    RequestStats,
+    check_limits,
+    check_logprobs,
+    check_model,
+    resolve_max_tokens,
+    sampling_options,
+    sse,
+    sse_error,
+)
+
+
+def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text content parts joined by newlines."""
+    if not req.messages:
+        raise InvalidRequestError("messages must contain at least one message.", param="messages")
+    out = []
+    for m in req.messages:
+        if isinstance(m.content, list):
+            content = "\n".join(part.text for part in m.content)
+        else:
+            content = m.content or ""
+        message: dict[str, Any] = {"role": m.role, "content": content}
+        if m.name:
+            message["name"] = m.name
+        out.append(message)
+    return out
+
+
+def structured_output(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise InvalidRequestError(
+            "response_format json_schema needs a `json_schema.schema` object.", param="response_format"
+        )
+    return {"json": fmt.json_schema.schema_}
+
+
+def chat_logprobs(entries: list[TokenLogprob], top: int) -> ChatLogprobs:
+    content = []
+    for e in entries:
+        logprob = e.logprob if e.logprob is not None else -9999.0
+        tops = [
+            ChatLogprobTop(token=c.token, logprob=c.logprob, bytes=list(c.token.encode("utf-8", "replace")))
+            for c in (e.candidates or [])[:top]
+        ]
+        content.append(ChatLogprobContent(
+            token=e.token, logprob=logprob, bytes=list(e.token.encode("utf-8", "replace")), top_logprobs=tops
+        ))
+    return ChatLogprobs(content=content)
+
+
+class ChatService:
+    def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
+        self.holder = holder
+        self.fingerprint = fingerprint
+        self.limits = holder.settings.limits
+
+    def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
+        check_model(req.model, engine.info.served_model_name)
+        check_limits(self.limits, n=req.n)
+        if req.tools and req.tool_choice != "none":
+            raise InvalidRequestError(
+                "tools are not supported by this deployment (no tool-call parser is configured); "
+                "send tool_choice \"none\" or leave tools out.",
+                param="tools",
+            )
+        if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
+        check_logprobs(req.top_logprobs, engine, "top_logprobs")
+
+    def _prompt_ids(self, engine: Engine, req: ChatCompletionRequest) -> list[int]:
+        messages = message_dicts(req)
+        try:
+            text = engine.render_chat(
+                messages,
+                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+            )
+        except Exception as exc:  # template errors come from the client's message list
+            raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
+        return engine.encode(text, add_special_tokens=False)
+
+    async def create(
+        self, req: ChatCompletionRequest, request_id: str, stats: RequestStats | None = None
+    ) -> ChatCompletionResponse | EventStream:
+        stats = stats or RequestStats()
+        stack = AsyncExitStack()
+        engine = await stack.enter_async_context(self.holder.lease())
+        try:
+            self._check(engine, req)
+            ids = self._prompt_ids(engine, req)
+            param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+            requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+            max_tokens = resolve_max_tokens(requested, len(ids), engine.info.max_model_len, param=param)
+            top = req.top_logprobs or 0
+            options = sampling_options(
+                engine, req, max_tokens, logprobs=top if req.logprobs else None,
+                structured=structured_output(req),
+            )
+            sampling = engine.make_sampling(options)
+            stats.prompt_tokens = len(ids)
+            stream = engine.generate(request_id, ids, sampling)
+        except BaseException:
+            await stack.aclose()
+            raise
+        if req.stream:
+            return EventStream(self._stream(req, request_id, stream, stats), stack.aclose)
+        try:
+            return await self._complete(req, request_id, stream, stats)
+        finally:
+            await stack.aclose()
+
+    async def _complete(
+        self, req: ChatCompletionRequest, request_id: str,
+        stream: AsyncIterator[GenerationOutput], stats: RequestStats,
+    ) -> ChatCompletionResponse:
+        final: GenerationOutput | None = None
+        try:
+            async for out in stream:
+                if stats.first_token_at is None:
+                    stats.first_token_at = time.monotonic()
+                final = out
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        assert final is not None
+        choices = []
+        for c in sorted(final.choices, key=lambda c: c.index):
+            stats.completion_tokens += len(c.token_ids)
+            if c.finish_reason:
+                stats.finish_reasons.append(c.finish_reason)
+            choices.append(ChatChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=chat_logprobs(c.logprobs or [], req.top_logprobs or 0) if req.logprobs else None,
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            ))
+        stats.completed = True
+        return ChatCompletionResponse(
+            id=request_id,
+            model=self.holder.settings.served_model_name,
+            choices=choices,
+            usage=Usage(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                total_tokens=stats.prompt_tokens + stats.completion_tokens,
+            ),
+            system_fingerprint=self.fingerprint,
+        )
+
+    async def _stream(
+        self, req: ChatCompletionRequest, request_id: str,
+        stream: AsyncIterator[GenerationOutput], stats: RequestStats,
+    ) -> AsyncIterator[str]:
+        created = int(time.time())
+        model = self.holder.settings.served_model_name
+
+        def chunk(choice: ChatStreamChoice) -> str:
+            # Like OpenAI and vLLM: a delta carries only what it sets, stop_reason only at the end.
+            exclude: dict[str, Any] = {"delta": {k for k in ("role", "content") if getattr(choice.delta, k) is None}}
+            if choice.finish_reason is None:
+                exclude["stop_reason"] = True
+            return sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model, choices=[choice]
+            ).model_dump_json(exclude={"usage": True, "choices": {0: exclude}}))
+
+        try:
+            for index in range(req.n):
+                yield chunk(ChatStreamChoice(index=index, delta=ChatDelta(role="assistant", content="")))
+            async for out in stream:
+                for c in out.choices:
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    stats.completion_tokens += len(c.token_ids)
+                    if stats.first_token_at is None:
+                        stats.first_token_at = time.monotonic()
+                    if c.finish_reason:
+                        stats.finish_reasons.append(c.finish_reason)
+                    logprobs = None
+                    if req.logprobs:
+                        logprobs = chat_logprobs(c.logprobs or [], req.top_logprobs or 0)
+                    yield chunk(ChatStreamChoice(
+                        index=c.index, delta=ChatDelta(content=c.text), logprobs=logprobs,
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    ))
+            stats.completed = True
+            if req.stream_options and req.stream_options.include_usage:
+                usage = Usage(
+                    prompt_tokens=stats.prompt_tokens,
+                    completion_tokens=stats.completion_tokens,
+                    total_tokens=stats.prompt_tokens + stats.completion_tokens,
+                )
+                yield sse(ChatCompletionStreamResponse(
+                    id=request_id, created=created, model=model, choices=[], usage=usage
+                ).model_dump_json())
+        except Exception as exc:  # never leave a started stream without an ending
+            yield sse_error(exc, request_id)
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        yield DONE_EVENT

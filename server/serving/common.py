@@ -1,0 +1,204 @@
+"""What completions and chat share: ids, SSE framing, request checks, sampling options, stats."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from server.engine import Engine, SamplingOptions
+from server.errors import GatewayError, InternalError, InvalidRequestError, ModelNotFoundError
+from server.settings import LimitSettings
+
+logger = logging.getLogger("llm_gateway.serving")
+
+DONE_EVENT = "data: [DONE]\n\n"
+
+
+@dataclass
+class EventStream:
+    """SSE strings for a streaming response; `aclose` releases the engine lease."""
+
+    events: AsyncIterator[str]
+    aclose: Callable[[], Awaitable[None]]
+
+
+@dataclass
+class RequestStats:
+    """Filled in while a request runs; read by the route for metrics and the access log."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    completed: bool = False
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+def sse_error(exc: BaseException, request_id: str) -> str:
+    """The final SSE event of a stream that failed after it started."""
+    if not isinstance(exc, GatewayError):
+        logger.error("stream %s failed", request_id, exc_info=exc)
+        exc = InternalError(f"generation failed: {exc!r}")
+    else:
+        logger.warning("stream %s failed: %s", request_id, exc.message)
+    return sse(json.dumps(exc.body(), ensure_ascii=False))
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise ModelNotFoundError(
+            f"The model `{requested}` does not exist. Available: {served}.", param="model"
+        )
+
+
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, *, param: str = "max_tokens"
+) -> int:
+    """vLLM's rule: reject impossible values, clamp the rest to the room left in the context."""
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt "
+            f"has {prompt_len} tokens, which leaves no room for output. Shorten the prompt.",
+            param="prompt" if param == "max_tokens" else "messages",
+        )
+    if requested is None:
+        return room
+    if requested < 1:
+        raise InvalidRequestError(f"{param} must be at least 1, got {requested}.", param=param)
+    if requested > max_model_len:
+        raise InvalidRequestError(
+            f"{param}={requested} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param=param,
+        )
+    return min(requested, room)
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
+    for tid in ids:
+        if tid < 0 or tid >= vocab_size:
+            raise InvalidRequestError(
+                f"Token id {tid} is out of vocabulary (vocabulary size {vocab_size}).", param=param
+            )
+
+
+def check_limits(limits: LimitSettings, *, n: int, prompts: int = 1) -> None:
+    if n > limits.max_n:
+        raise InvalidRequestError(f"n={n} is more than this server allows ({limits.max_n}).", param="n")
+    if prompts > limits.max_prompts_per_request:
+        raise InvalidRequestError(
+            f"{prompts} prompts in one request; this server allows {limits.max_prompts_per_request}.",
+            param="prompt",
+        )
+
+
+class SamplingFields(Protocol):
+    """The sampling fields completions and chat requests have in common."""
+
+    n: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+    seed: int | None
+    stop: str | list[str] | None
+    stop_token_ids: list[int] | None
+    min_tokens: int
+    ignore_eos: bool
+    skip_special_tokens: bool
+    include_stop_str_in_output: bool
+    logit_bias: dict[str, float] | None
+    stream: bool
+
+
+def parse_logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    if not raw:
+        return None
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            raise InvalidRequestError(
+                f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias"
+            ) from None
+        if not 0 <= token_id < vocab_size:
+            raise InvalidRequestError(
+                f"logit_bias token id {token_id} is out of vocabulary (size {vocab_size}).",
+                param="logit_bias",
+            )
+        if not -100 <= value <= 100:
+            raise InvalidRequestError(
+                f"logit_bias values must be in [-100, 100], got {value}.", param="logit_bias"
+            )
+        bias[token_id] = value
+    return bias
+
+
+def check_logprobs(value: int | None, engine: Engine, param: str) -> None:
+    if value is None:
+        return
+    if value < 0:
+        raise InvalidRequestError(f"{param} must be non-negative, got {value}.", param=param)
+    if value > engine.info.max_logprobs:
+        raise InvalidRequestError(
+            f"{param}={value} is more than the server allows ({engine.info.max_logprobs}).",
+            param=param,
+        )
+
+
+def sampling_options(
+    engine: Engine,
+    req: SamplingFields,
+    max_tokens: int,
+    *,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    structured: dict[str, Any] | None = None,
+) -> SamplingOptions:
+    """Request fields -> SamplingOptions: user value, else the model's default, else OpenAI's."""
+    defaults = engine.info.default_sampling
+
+    def pick(name: str, fallback: float) -> float:
+        value = getattr(req, name)
+        return value if value is not None else defaults.get(name, fallback)
+
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingOptions(
+        max_tokens=max_tokens,
+        n=req.n,
+        temperature=pick("temperature", 1.0),
+        top_p=pick("top_p", 1.0),
+        top_k=int(pick("top_k", 0)),
+        min_p=pick("min_p", 0.0),
+        presence_penalty=pick("presence_penalty", 0.0),
+        frequency_penalty=pick("frequency_penalty", 0.0),
+        repetition_penalty=pick("repetition_penalty", 1.0),
+        seed=req.seed,
+        stop=stop,
+        stop_token_ids=list(req.stop_token_ids or defaults.get("stop_token_ids") or []),
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        logit_bias=parse_logit_bias(req.logit_bias, engine.info.vocab_size),
+        structured=structured,
+        stream=req.stream,
+    )
