@@ -57,6 +57,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def _load(args: argparse.Namespace) -> Settings:
     try:
         return load_settings(args.config, **_overrides(args))
@@ -83,7 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(settings.server.log_level)
     from server.lifespan import run
 
-    code = run(settings)
+    cli = _overrides(args)
+
+    def loader(config_path: str | None, overrides: dict[str, Any]) -> Settings:
+        # CLI flags keep winning on reload; the request's overrides win over everything.
+        return load_settings(config_path, **deep_merge(cli, overrides))
+
+    code = run(settings, loader=loader, config_path=args.config or os.environ.get("LLM_GATEWAY_CONFIG"))
     # Everything is stopped and cleaned up by now. Skip interpreter teardown: vLLM objects
     # finalized after their modules are torn down print spurious tracebacks.
     logging.shutdown()

@@ -72,10 +72,23 @@ class MetricsMiddleware:
                 if route != "other" and 400 <= status < 600 and status != 499:
                     # Unknown paths (scanners, typos) are not rejected traffic.
                     self.metrics.observe_rejection(status)
-                logger.info(
-                    "request_id=%s method=%s route=%s status=%d duration_ms=%.1f",
-                    request_id, scope.get("method"), path, status, duration * 1000,
-                )
+                logger.info(access_line(scope, request_id, path, status, duration, started))
+
+
+def access_line(scope: Scope, request_id: str, path: str, status: int, duration: float, started: float) -> str:
+    """One structured line per request; never the prompt or the output."""
+    parts = [f"request_id={request_id}", f"method={scope.get('method')}", f"route={path}", f"status={status}"]
+    state = scope.get("state", {})
+    stats = state.get("stats")
+    if stats is not None:
+        parts.append(f"completion_id={state.get('completion_id')}")
+        parts.append(f"prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}")
+        if stats.first_token_at is not None:
+            parts.append(f"ttft_ms={(stats.first_token_at - started) * 1000:.1f}")
+        parts.append(f"finish={','.join(sorted(set(stats.finish_reasons))) or '-'}")
+        parts.append(f"completed={str(stats.completed).lower()}")
+    parts.append(f"duration_ms={duration * 1000:.1f}")
+    return " ".join(parts)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -122,6 +135,8 @@ def build_app(
     app.state.chat = ChatService(holder, fingerprint=fingerprint)
     metrics.set_engine_state(holder.state.value)
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
+    holder.add_reload_listener(metrics.observe_reload)
+    app.state.reloader = None  # set by server.lifespan.Gateway, which knows how to load settings
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

@@ -142,6 +142,10 @@ class Engine(Protocol):
 
     async def abort(self, request_id: str) -> None: ...
 
+    async def abort_all(self, message: str) -> int:
+        """Abort every running request; their streams raise ServiceUnavailableError(message)."""
+        ...
+
     def is_dead(self) -> bool: ...
 
     async def num_unfinished_requests(self) -> int: ...
@@ -251,6 +255,8 @@ class VllmEngine:
         self._tokenizer = tokenizer
         self._rpc_dir = rpc_dir
         self._closed = False
+        self._active: set[str] = set()
+        self._aborted: dict[str, str] = {}  # request id -> why the gateway aborted it
 
     @classmethod
     async def start(cls, settings: Settings) -> VllmEngine:
@@ -381,10 +387,16 @@ class VllmEngine:
             TokensPrompt(prompt_token_ids=prompt_token_ids), sampling, request_id
         )
         finished = False
+        self._active.add(request_id)
         try:
             async for out in stream:
+                if request_id in self._aborted:
+                    break
                 finished = out.finished
                 yield self._convert(out, limit_out, limit_prompt)
+            if request_id in self._aborted:
+                finished = True
+                raise ServiceUnavailableError(self._aborted[request_id], headers={"Retry-After": "1"})
         except VllmEngineDead as exc:
             raise EngineDeadError(f"the engine died: {exc}") from exc
         except (VLLMClientError, ValueError) as exc:
@@ -398,6 +410,8 @@ class VllmEngine:
                 raise EngineDeadError(f"the engine died: {exc!r}") from exc
             raise InternalError(f"generation failed: {exc!r}") from exc
         finally:
+            self._active.discard(request_id)
+            self._aborted.pop(request_id, None)
             if not finished:
                 await stream.aclose()
                 await self.abort(request_id)
@@ -444,6 +458,13 @@ class VllmEngine:
             await self._llm.abort(request_id)
         except Exception:  # an abort of a finished or dead request is not an error
             logger.debug("abort of %s failed", request_id, exc_info=True)
+
+    async def abort_all(self, message: str) -> int:
+        ids = list(self._active)
+        for request_id in ids:
+            self._aborted[request_id] = message
+            await self.abort(request_id)
+        return len(ids)
 
     def is_dead(self) -> bool:
         return not self._closed and bool(self._llm.errored)

@@ -1,7 +1,17 @@
-"""`EngineHolder`: owns the running engine, its state, and the leases requests take on it.
+"""`EngineHolder`: owns the running engine, its state, the leases requests take, and reloads.
 
-Every request holds a lease for as long as it uses the engine, so shutdown (and reload) can stop
-admitting work, wait for the leases to end within a drain timeout, and only then stop the engine.
+Every request holds a lease on one engine for as long as it uses it, so shutdown and reload can
+stop admitting work to that engine, wait for its leases to end within a drain timeout, abort what
+is left with a clear error, and only then stop it.
+
+Reload strategies:
+- `drain-swap`: one engine at a time. New requests wait in a bounded queue (size and max wait
+  from `reload`), the old engine drains and stops, the new one starts; queued requests then go
+  to the new engine. Overflow or a too-long wait gets 503 + Retry-After.
+- `blue-green`: the new engine starts beside the old one, which keeps serving; once it is ready
+  new requests switch to it, and the old one drains and stops. No request waits on a start-up.
+If the new engine fails to start, the previous configuration is restored (drain-swap starts the
+old profile again; blue-green never stopped it).
 """
 
 from __future__ import annotations
@@ -12,10 +22,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
 from server.engine import Engine
-from server.errors import EngineDeadError, ServiceUnavailableError
-from server.settings import Settings
+from server.errors import ConflictError, EngineDeadError, OverloadedError, ServiceUnavailableError
+from server.settings import ReloadSettings, Settings
 
 logger = logging.getLogger("llm_gateway.holder")
 
@@ -31,46 +43,103 @@ class EngineState(str, enum.Enum):
     STOPPED = "stopped"
 
 
+@dataclass
+class ReloadResult:
+    outcome: str  # success | failure (nothing changed) | rolled_back (old profile restored)
+    strategy: str
+    duration_s: float
+    queued: int = 0
+    aborted: int = 0
+    max_queue_wait_s: float = 0.0
+    error: str | None = None
+    finished_at: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _Slot:
+    """One engine and the leases taken on it."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
 class EngineHolder:
-    """Starts, leases out and stops one engine; the state machine behind /health and /ready."""
+    """Starts, leases out, reloads and stops the engine; the state behind /health and /ready."""
 
     def __init__(self, settings: Settings, factory: EngineFactory) -> None:
         self.settings = settings
         self._factory = factory
-        self.engine: Engine | None = None
+        self._slot: _Slot | None = None
         self.state = EngineState.STARTING
         self.start_error: BaseException | None = None
         self.started_at: float | None = None
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self.last_reload: ReloadResult | None = None
+        self._reload_lock = asyncio.Lock()
+        self._serving = asyncio.Event()  # set while admission goes straight through
+        self._waiting = 0  # requests queued behind a drain-swap reload now
+        self._queued_total = 0  # ... during the current reload
+        self._reload_limits: ReloadSettings | None = None
+        self._max_wait = 0.0
+        self._all_idle = asyncio.Event()
+        self._all_idle.set()
+        self._total_in_flight = 0
         self._state_listeners: list[Callable[[EngineState], None]] = []
+        self._reload_listeners: list[Callable[[ReloadResult], None]] = []
 
     # -- state ---------------------------------------------------------------------------
 
+    @property
+    def engine(self) -> Engine | None:
+        return self._slot.engine if self._slot else None
+
     def add_state_listener(self, listener: Callable[[EngineState], None]) -> None:
         self._state_listeners.append(listener)
+
+    def add_reload_listener(self, listener: Callable[[ReloadResult], None]) -> None:
+        self._reload_listeners.append(listener)
 
     def _set_state(self, state: EngineState) -> None:
         if state is self.state:
             return
         logger.info("engine state: %s -> %s", self.state.value, state.value)
         self.state = state
+        if state is EngineState.SERVING:
+            self._serving.set()
+        else:
+            self._serving.clear()
         for listener in self._state_listeners:
             listener(state)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self._total_in_flight
+
+    @property
+    def reloading(self) -> bool:
+        return self._reload_lock.locked()
 
     def is_ready(self) -> bool:
-        return self.state is EngineState.SERVING and self.engine is not None
+        """An engine can take requests now (also during a blue-green switch)."""
+        return self.state is EngineState.SERVING and self._slot is not None
 
     def is_alive(self) -> bool:
         """False once the engine died or failed to start (the /health answer)."""
         if self.state is EngineState.DEAD:
             return False
-        if self.engine is not None and self.engine.is_dead():
+        if self.state is EngineState.SERVING and self.engine is not None and self.engine.is_dead():
             self._set_state(EngineState.DEAD)
             return False
         return True
@@ -79,12 +148,16 @@ class EngineHolder:
         engine = self.engine
         return {
             "state": self.state.value,
-            "in_flight": self._in_flight,
+            "reloading": self.reloading,
+            "in_flight": self._total_in_flight,
+            "engine_in_flight": self._slot.in_flight if self._slot else 0,
+            "queued": self._waiting,
             "started_at": self.started_at,
             "model": self.settings.served_model_name,
             "vllm_version": engine.info.vllm_version if engine else None,
             "profile": self.settings.summary(),
             "start_error": repr(self.start_error) if self.start_error else None,
+            "last_reload": self.last_reload.as_dict() if self.last_reload else None,
         }
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -93,11 +166,12 @@ class EngineHolder:
         self._set_state(EngineState.STARTING)
         t0 = time.monotonic()
         try:
-            self.engine = await self._factory(self.settings)
+            engine = await self._factory(self.settings)
         except BaseException as exc:
             self.start_error = exc
             self._set_state(EngineState.DEAD)
             raise
+        self._slot = _Slot(engine, self.settings)
         self.started_at = time.time()
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
         self._set_state(EngineState.SERVING)
@@ -108,7 +182,7 @@ class EngineHolder:
             self._set_state(EngineState.DRAINING)
 
     async def stop(self, drain_timeout: float) -> bool:
-        """Stop admitting, wait for leases to end (up to drain_timeout), stop the engine.
+        """Stop admitting, wait for leases to end (up to drain_timeout), abort the rest, stop.
 
         Returns True when every lease ended before the timeout.
         """
@@ -116,17 +190,19 @@ class EngineHolder:
             return True
         self.begin_drain()
         drained = await self.wait_idle(drain_timeout)
-        if not drained:
-            logger.warning("drain timeout (%.0f s): %d request(s) still running", drain_timeout, self._in_flight)
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            await engine.shutdown()
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            if not drained:
+                aborted = await slot.engine.abort_all("the server is shutting down; the request was aborted")
+                logger.warning("drain timeout (%.0f s): aborted %d request(s)", drain_timeout, aborted)
+                await slot.wait_idle(5.0)
+            await slot.engine.shutdown()
         self._set_state(EngineState.STOPPED)
         return drained
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await asyncio.wait_for(self._all_idle.wait(), timeout)
             return True
         except asyncio.TimeoutError:
             return False
@@ -135,23 +211,34 @@ class EngineHolder:
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Engine]:
-        """The engine for one request; refuses with 503 while no engine can serve."""
-        engine = self._admit()
-        self._in_flight += 1
-        self._idle.clear()
+        """The engine for one request; queues behind a drain-swap reload, else 503s."""
+        slot = await self._admit()
+        slot.in_flight += 1
+        slot.idle.clear()
+        self._total_in_flight += 1
+        self._all_idle.clear()
         try:
-            yield engine
+            yield slot.engine
         finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+            slot.in_flight -= 1
+            if slot.in_flight == 0:
+                slot.idle.set()
+            self._total_in_flight -= 1
+            if self._total_in_flight == 0:
+                self._all_idle.set()
 
-    def _admit(self) -> Engine:
-        if self.state is EngineState.SERVING and self.engine is not None:
-            if self.engine.is_dead():
-                self._set_state(EngineState.DEAD)
-            else:
-                return self.engine
+    async def _admit(self) -> _Slot:
+        limit = self.settings.limits.max_in_flight
+        if limit and self._total_in_flight >= limit:
+            raise OverloadedError(
+                f"too many requests in flight ({limit}); retry shortly", headers={"Retry-After": "1"}
+            )
+        if self.state is EngineState.SERVING and self._slot is not None:
+            if not self._slot.engine.is_dead():
+                return self._slot
+            self._set_state(EngineState.DEAD)
+        if self.state is EngineState.RELOADING:
+            return await self._wait_for_reload()
         if self.state is EngineState.DEAD:
             raise EngineDeadError("the engine is dead; the service is restarting")
         if self.state is EngineState.STARTING:
@@ -161,3 +248,105 @@ class EngineHolder:
         raise ServiceUnavailableError(
             f"the service is {self.state.value}; retry shortly", headers={"Retry-After": "2"}
         )
+
+    async def _wait_for_reload(self) -> _Slot:
+        limits = self._reload_limits or self.settings.reload
+        if self._waiting >= limits.queue_size:
+            raise ServiceUnavailableError(
+                f"the engine is reloading and {self._waiting} requests already wait; retry shortly",
+                headers={"Retry-After": str(int(limits.queue_max_wait_s) or 1)},
+            )
+        self._waiting += 1
+        self._queued_total += 1
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(self._serving.wait(), limits.queue_max_wait_s)
+        except asyncio.TimeoutError:
+            raise ServiceUnavailableError(
+                f"the engine is reloading; waited {limits.queue_max_wait_s:.0f} s, retry shortly",
+                headers={"Retry-After": "5"},
+            ) from None
+        finally:
+            self._waiting -= 1
+            self._max_wait = max(self._max_wait, time.monotonic() - t0)
+        if self._slot is None or self.state is not EngineState.SERVING:
+            raise ServiceUnavailableError("no engine is available after the reload", headers={"Retry-After": "5"})
+        return self._slot
+
+    # -- reload --------------------------------------------------------------------------
+
+    async def reload(self, new_settings: Settings) -> ReloadResult:
+        """Apply `new_settings` (already validated) with its `reload.strategy`; 409 if one runs."""
+        if self._reload_lock.locked():
+            raise ConflictError("a reload is already in progress")
+        async with self._reload_lock:
+            if self._slot is None or self.state is not EngineState.SERVING:
+                raise ServiceUnavailableError(f"cannot reload while the engine is {self.state.value}")
+            strategy = new_settings.reload.strategy
+            # The reload being applied brings its own strategy, queue and drain limits.
+            self._reload_limits = new_settings.reload
+            self._queued_total = 0
+            self._max_wait = 0.0
+            t0 = time.monotonic()
+            logger.info("reload (%s) to %s", strategy, new_settings.summary())
+            if strategy == "blue-green":
+                result = await self._blue_green(new_settings, t0)
+            else:
+                result = await self._drain_swap(new_settings, t0)
+            result.queued = self._queued_total
+            result.max_queue_wait_s = round(self._max_wait, 3)
+            self.last_reload = result
+            logger.info("reload finished: %s", result.as_dict())
+            for listener in self._reload_listeners:
+                listener(result)
+            return result
+
+    async def _retire(self, slot: _Slot, drain_timeout: float) -> int:
+        """Let an old engine's leases finish, abort what outlives the timeout, stop it."""
+        aborted = 0
+        if not await slot.wait_idle(drain_timeout):
+            aborted = await slot.engine.abort_all(
+                "the engine was replaced by a reload and this request outlived the drain timeout"
+            )
+            logger.warning("reload drain timeout: aborted %d request(s)", aborted)
+            await slot.wait_idle(5.0)
+        await slot.engine.shutdown()
+        return aborted
+
+    async def _drain_swap(self, new_settings: Settings, t0: float) -> ReloadResult:
+        old = self._slot
+        assert old is not None
+        self._set_state(EngineState.RELOADING)  # new requests queue from here on
+        aborted = await self._retire(old, new_settings.reload.drain_timeout_s)
+        self._slot = None
+        try:
+            engine = await self._factory(new_settings)
+        except Exception as exc:
+            logger.error("new engine failed to start (%s); restoring the previous profile", exc)
+            try:
+                engine = await self._factory(old.settings)
+            except Exception as again:
+                self.start_error = again
+                self._set_state(EngineState.DEAD)
+                return ReloadResult("failure", "drain-swap", time.monotonic() - t0, aborted=aborted,
+                                    error=f"{exc}; rollback failed too: {again}")
+            self._slot = _Slot(engine, old.settings)
+            self._set_state(EngineState.SERVING)
+            return ReloadResult("rolled_back", "drain-swap", time.monotonic() - t0, aborted=aborted, error=str(exc))
+        self._slot = _Slot(engine, new_settings)
+        self.settings = new_settings
+        self._set_state(EngineState.SERVING)
+        return ReloadResult("success", "drain-swap", time.monotonic() - t0, aborted=aborted)
+
+    async def _blue_green(self, new_settings: Settings, t0: float) -> ReloadResult:
+        old = self._slot
+        assert old is not None
+        try:
+            engine = await self._factory(new_settings)
+        except Exception as exc:
+            logger.error("new engine failed to start (%s); the old one keeps serving", exc)
+            return ReloadResult("rolled_back", "blue-green", time.monotonic() - t0, error=str(exc))
+        self._slot = _Slot(engine, new_settings)  # new requests go to the new engine from here
+        self.settings = new_settings
+        aborted = await self._retire(old, new_settings.reload.drain_timeout_s)
+        return ReloadResult("success", "blue-green", time.monotonic() - t0, aborted=aborted)

@@ -14,13 +14,18 @@ import ipaddress
 import json
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 
 from server.app import build_app
 from server.engine import VllmEngine
-from server.holder import EngineFactory, EngineHolder, EngineState
+from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
+from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
+from server.profile_checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
 
@@ -37,11 +42,24 @@ class _Server(uvicorn.Server):
         yield
 
 
+SettingsLoader = Callable[[str | None, dict[str, Any]], Settings]
+"""(config path or None for the current one, nested overrides) -> validated Settings."""
+
+
 class Gateway:
-    def __init__(self, settings: Settings, engine_factory: EngineFactory | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine_factory: EngineFactory | None = None,
+        loader: SettingsLoader | None = None,
+        config_path: str | None = None,
+    ) -> None:
         self.settings = settings
         self.holder = EngineHolder(settings, engine_factory or VllmEngine.start)
         self.app = build_app(settings, self.holder)
+        self.app.state.reloader = self.reload
+        self._loader = loader
+        self.config_path = config_path
         config = uvicorn.Config(
             self.app,
             host=settings.server.host,
@@ -108,10 +126,75 @@ class Gateway:
         self._spawn(self._drain_then_exit())
 
     async def _drain_then_exit(self) -> None:
-        if self.holder.state is EngineState.SERVING:
-            self.holder.begin_drain()
-        await self.holder.wait_idle(self.settings.server.drain_timeout_s)
+        self.holder.begin_drain()
+        if not await self.holder.wait_idle(self.settings.server.drain_timeout_s):
+            # Abort what outlived the drain while connections are still open, so every stream
+            # gets a final error event and [DONE] instead of a cut connection.
+            engine = self.holder.engine
+            if engine is not None:
+                count = await engine.abort_all("the server is shutting down; the request was aborted")
+                logger.warning("drain timeout: aborted %d request(s)", count)
+            await self.holder.wait_idle(5.0)
         self.server.should_exit = True
+
+    async def reload(self, config_path: str | None = None, overrides: dict[str, Any] | None = None) -> ReloadResult:
+        """Validate the new configuration, then swap engines; raises before touching anything."""
+        if self._loader is None:
+            raise ServiceUnavailableError("this server was started without a configuration loader")
+        if self.holder.reloading:
+            raise ConflictError("a reload is already in progress")
+        path = config_path or self.config_path
+        try:
+            new_settings = self._loader(path, overrides or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise InvalidRequestError(f"invalid configuration: {loc}: {first['msg']}", param=loc or None) from exc
+        except (FileNotFoundError, ValueError) as exc:
+            raise InvalidRequestError(f"invalid configuration: {exc}") from exc
+        model = new_settings.model_path()
+        if new_settings.engine.load_format != "dummy" and model.startswith(("/", ".")) and not Path(model).exists():
+            raise InvalidRequestError(f"invalid configuration: engine.model: no model at {model}", param="engine.model")
+        for warning in profile_warnings(new_settings):
+            logger.warning("new profile: %s", warning)
+        self.notifier.reloading(f"reloading ({new_settings.reload.strategy})")
+        try:
+            result = await self.holder.reload(new_settings)
+        finally:
+            if self.holder.is_ready():
+                self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
+        if result.outcome == "success":
+            self.config_path = path
+            self.settings = new_settings
+            self.app.state.metrics.set_profile(profile_labels(new_settings, self.holder.engine.info.vllm_version))
+        return result
+
+    def _on_sighup(self) -> None:
+        async def run() -> None:
+            try:
+                result = await self.reload()
+                logger.info("SIGHUP reload: %s", result.outcome)
+            except Exception as exc:  # a refused reload leaves the running engine untouched
+                logger.error("SIGHUP reload refused: %s", exc)
+
+        self._spawn(run())
+
+    async def _watch_config(self) -> None:
+        interval = self.settings.reload.watch_interval_s
+        path = Path(self.config_path) if self.config_path else None
+        if path is None:
+            return
+        last = path.stat().st_mtime if path.exists() else None
+        while not self._stopping:
+            await asyncio.sleep(interval)
+            current = path.stat().st_mtime if path.exists() else None
+            if current != last and current is not None and not self.holder.reloading:
+                last = current
+                logger.info("config file %s changed: reloading", path)
+                try:
+                    await self.reload()
+                except Exception as exc:
+                    logger.error("config-change reload refused: %s", exc)
 
     def bound_port(self) -> int:
         for srv in getattr(self.server, "servers", []):
@@ -123,6 +206,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         logger.info("effective profile: %s", json.dumps(self.settings.summary(), default=str))
         if not self.settings.auth.resolved_api_keys() and not is_loopback(self.settings.server.host):
             logger.warning(
@@ -133,6 +217,8 @@ class Gateway:
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
+        if self.settings.reload.watch_config:
+            self._spawn(self._watch_config())
         if (interval := self.notifier.watchdog_interval_s()) is not None:
             self._spawn(self._watchdog(interval))
         try:
@@ -171,8 +257,8 @@ def profile_labels(settings: Settings, vllm_version: str) -> dict[str, str]:
     }
 
 
-def run(settings: Settings) -> int:
-    gateway = Gateway(settings)
+def run(settings: Settings, loader: SettingsLoader | None = None, config_path: str | None = None) -> int:
+    gateway = Gateway(settings, loader=loader, config_path=config_path)
     try:
         import uvloop
 

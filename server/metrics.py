@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     REGISTRY,
@@ -110,6 +111,13 @@ class GatewayMetrics:
     def set_engine_state(self, state: str) -> None:
         for s in ENGINE_STATES:
             self.engine_state.labels(state=s).set(1 if s == state else 0)
+
+    def observe_reload(self, result: Any) -> None:
+        """Record a finished reload (a server.holder.ReloadResult)."""
+        self.reloads.labels(outcome=result.outcome).inc()
+        self.reload_duration.observe(result.duration_s)
+        self.reload_queued.inc(result.queued)
+        self.reload_aborted.inc(result.aborted)
 
     def set_profile(self, labels: dict[str, str]) -> None:
         self.profile.info(labels)

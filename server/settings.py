@@ -103,6 +103,41 @@ class LimitSettings(BaseModel):
     max_prompts_per_request: int = Field(64, ge=1)
     """Most prompts in one /v1/completions request (a list of strings or token-id lists)."""
 
+    max_in_flight: int = Field(0, ge=0)
+    """Most generation requests admitted at once (0 = no limit); beyond it 429 + Retry-After.
+    vLLM's own queue cap (`max_num_queued_reqs`) can be set with engine.extra_engine_args."""
+
+    request_timeout_s: float | None = Field(None, gt=0)
+    """Total time a generation may take before it is aborted with a 504 (None = no limit)."""
+
+    first_token_timeout_s: float | None = Field(None, gt=0)
+    """Time to the first generated token before the request is aborted with a 504."""
+
+
+class ReloadSettings(BaseModel):
+    """Hot reload of the engine profile (SIGHUP, POST /admin/reload, or a config file change)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: Literal["drain-swap", "blue-green"] = "drain-swap"
+    """`drain-swap` (one engine fits: requests queue while the engine restarts) or `blue-green`
+    (two engines fit: the new one starts beside the old, no request waits)."""
+
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """How long the old engine's requests may run on; the rest are aborted with a clear error."""
+
+    queue_size: int = Field(256, ge=0)
+    """Requests that may wait for a drain-swap reload; more get 503 + Retry-After."""
+
+    queue_max_wait_s: float = Field(180.0, gt=0)
+    """Longest a queued request waits for the new engine before 503 + Retry-After."""
+
+    watch_config: bool = False
+    """Reload when the config file changes (polled)."""
+
+    watch_interval_s: float = Field(2.0, gt=0)
+    """How often the config file's modification time is checked."""
+
 
 class EngineProfile(BaseModel):
     """The engine profile: every field maps onto vLLM's ``AsyncEngineArgs``."""
@@ -221,6 +256,9 @@ class Settings(BaseSettings):
 
     limits: LimitSettings = Field(default_factory=LimitSettings)
     """Per-request limits."""
+
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)
+    """Hot reload strategy and limits."""
 
     engine: EngineProfile = Field(default_factory=EngineProfile)
     """The vLLM engine profile."""

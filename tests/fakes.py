@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.engine import ChoiceOutput, EngineInfo, GenerationOutput, SamplingOptions
-from server.errors import EngineDeadError, InvalidRequestError
+from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
 
 
 @dataclass
@@ -23,6 +23,7 @@ class FakeEngine:
     dead: bool = False
     aborted: list[str] = field(default_factory=list)
     running: int = 0
+    abort_message: str | None = None
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -45,6 +46,8 @@ class FakeEngine:
         try:
             n = sampling.max_tokens
             for i in range(n):
+                if self.abort_message is not None:
+                    raise ServiceUnavailableError(self.abort_message)
                 if self.fail_after is not None and i >= self.fail_after:
                     raise EngineDeadError("scripted engine failure")
                 if self.delay_s:
@@ -67,6 +70,10 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def abort_all(self, message: str) -> int:
+        self.abort_message = message
+        return self.running
 
     def is_dead(self) -> bool:
         return self.dead

@@ -135,6 +135,8 @@ async def _serve(
     started = request.state.started
     stats = RequestStats()
     request_id = new_request_id(id_prefix)
+    request.state.stats = stats  # read by the access log line once the response is done
+    request.state.completion_id = request_id
     try:
         result = await cancel_on_disconnect(request, create(request_id, stats))
     except ClientDisconnected:

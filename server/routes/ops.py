@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict
+
+from server.errors import GatewayError, error_body
 from fastapi.responses import JSONResponse, Response
 
 from server.holder import EngineHolder
@@ -43,4 +48,40 @@ async def metrics(request: Request) -> Response:
 @router.get("/admin/status", summary="Engine state, active profile, in-flight requests (admin key)")
 async def admin_status(request: Request) -> JSONResponse:
     holder: EngineHolder = request.app.state.holder
-    return JSONResponse(holder.status())
+    status = holder.status()
+    engine = holder.engine
+    status["engine_unfinished_requests"] = await engine.num_unfinished_requests() if engine else 0
+    return JSONResponse(status)
+
+
+class ReloadRequest(BaseModel):
+    """Optional body of POST /admin/reload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str | None = None
+    """Another YAML file to load instead of the current one."""
+
+    engine: dict[str, Any] | None = None
+    """Engine profile overrides, e.g. {"max_model_len": 2048}."""
+
+    reload: dict[str, Any] | None = None
+    """Reload overrides, e.g. {"strategy": "blue-green"}."""
+
+
+@router.post("/admin/reload", summary="Reload the engine profile without a restart (admin key)")
+async def admin_reload(request: Request, body: ReloadRequest | None = None) -> JSONResponse:
+    reloader = request.app.state.reloader
+    if reloader is None:
+        return JSONResponse(error_body("reload is not available on this server", 503), status_code=503)
+    overrides = {k: v for k, v in {"engine": body.engine, "reload": body.reload}.items() if v} if body else {}
+    result = await reloader(body.config if body else None, overrides)
+    if result.outcome == "success":
+        return JSONResponse(result.as_dict())
+    payload = error_body(
+        f"reload {result.outcome}: {result.error}; the previous profile is serving"
+        if result.outcome == "rolled_back" else f"reload failed: {result.error}",
+        422,
+    )
+    payload["reload"] = result.as_dict()
+    return JSONResponse(payload, status_code=422)

@@ -30,6 +30,7 @@ from server.serving.common import (
     check_limits,
     check_logprobs,
     check_model,
+    guarded,
     resolve_max_tokens,
     sampling_options,
     sse,
@@ -131,7 +132,7 @@ class ChatService:
             )
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
-            stream = engine.generate(request_id, ids, sampling)
+            stream = guarded(engine.generate(request_id, ids, sampling), self.limits)
         except BaseException:
             await stack.aclose()
             raise

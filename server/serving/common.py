@@ -9,8 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.engine import Engine, SamplingOptions
-from server.errors import GatewayError, InternalError, InvalidRequestError, ModelNotFoundError
+from server.engine import Engine, GenerationOutput, SamplingOptions
+from server.errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RequestTimeoutError,
+)
+from server.serving.streams import with_deadlines
 from server.settings import LimitSettings
 
 logger = logging.getLogger("llm_gateway.serving")
@@ -53,6 +60,26 @@ def sse_error(exc: BaseException, request_id: str) -> str:
     else:
         logger.warning("stream %s failed: %s", request_id, exc.message)
     return sse(json.dumps(exc.body(), ensure_ascii=False))
+
+
+def guarded(stream: AsyncIterator[GenerationOutput], limits: LimitSettings) -> AsyncIterator[GenerationOutput]:
+    """The engine stream under the configured first-token and total timeouts (504 when late)."""
+    if limits.first_token_timeout_s is None and limits.request_timeout_s is None:
+        return stream
+
+    def timeout_error(which: str) -> RequestTimeoutError:
+        if which == "first_token":
+            return RequestTimeoutError(
+                f"no token within {limits.first_token_timeout_s} s (limits.first_token_timeout_s); aborted")
+        return RequestTimeoutError(f"generation took longer than {limits.request_timeout_s} s "
+                                   "(limits.request_timeout_s); aborted")
+
+    return with_deadlines(
+        stream,
+        first_item_timeout=limits.first_token_timeout_s,
+        total_timeout=limits.request_timeout_s,
+        on_timeout=timeout_error,
+    )
 
 
 def check_model(requested: str | None, served: str) -> None:

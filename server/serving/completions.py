@@ -31,6 +31,7 @@ from server.serving.common import (
     check_logprobs,
     check_model,
     check_token_ids,
+    guarded,
     resolve_max_tokens,
     sampling_options,
     sse,
@@ -151,7 +152,7 @@ class CompletionService:
                     if p.text is None:
                         p.text = engine.decode(p.token_ids)
             streams = [
-                engine.generate(f"{request_id}-{i}", p.token_ids, s)
+                guarded(engine.generate(f"{request_id}-{i}", p.token_ids, s), self.limits)
                 for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))
             ]
         except BaseException:

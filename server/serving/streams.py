@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -52,3 +52,37 @@ async def merge_streams(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[
         await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def with_deadlines(
+    stream: AsyncIterator[T],
+    *,
+    first_item_timeout: float | None,
+    total_timeout: float | None,
+    on_timeout: Callable[[str], BaseException],
+) -> AsyncIterator[T]:
+    """Re-yield `stream`, raising `on_timeout(which)` when the first item or the whole stream is late.
+
+    The source is closed either way, which aborts its engine request.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + total_timeout if total_timeout else None
+    first = True
+    iterator = stream.__aiter__()
+    try:
+        while True:
+            first_limit = first_item_timeout if first else None
+            total_left = deadline - loop.time() if deadline is not None else None
+            binding = "first_token" if first_limit is not None and (
+                total_left is None or first_limit <= total_left) else "total"
+            timeout = first_limit if binding == "first_token" else total_left
+            try:
+                item = await asyncio.wait_for(iterator.__anext__(), timeout)
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise on_timeout(binding) from None
+            first = False
+            yield item
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]

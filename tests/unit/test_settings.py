@@ -105,7 +105,7 @@ def test_every_field_is_documented() -> None:
 
     tree = ast.parse(inspect.getsource(mod))
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name in {"ServerSettings", "AuthSettings", "LimitSettings", "EngineProfile", "Settings"}:
+        if isinstance(node, ast.ClassDef) and node.name in {"ServerSettings", "AuthSettings", "LimitSettings", "ReloadSettings", "EngineProfile", "Settings"}:
             body = node.body
             for i, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign):

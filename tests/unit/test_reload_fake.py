@@ -1,0 +1,119 @@
+"""EngineHolder reloads with scripted engines: both strategies, queueing, rollback, 409."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from server.errors import ConflictError, ServiceUnavailableError
+from server.holder import EngineHolder, EngineState
+from server.settings import EngineProfile, ReloadSettings, Settings
+from tests.fakes import FakeEngine
+
+
+def settings(name: str, strategy: str = "drain-swap", **reload: float) -> Settings:
+    return Settings(
+        engine=EngineProfile(device="cpu", kv_cache_memory_bytes=1, served_model_name=name),
+        reload=ReloadSettings(strategy=strategy, **reload),
+    )
+
+
+def holder_with(start_delay: float = 0.05, fail_for: set[str] | None = None) -> tuple[EngineHolder, list[FakeEngine]]:
+    made: list[FakeEngine] = []
+
+    async def factory(s: Settings) -> FakeEngine:
+        await asyncio.sleep(start_delay)
+        if fail_for and s.served_model_name in fail_for:
+            raise RuntimeError(f"cannot start {s.served_model_name}")
+        engine = FakeEngine(delay_s=0.01)
+        made.append(engine)
+        return engine
+
+    return EngineHolder(settings("old"), factory), made
+
+
+async def use(holder: EngineHolder, tokens: int = 10) -> int:
+    from server.engine import SamplingOptions
+
+    async with holder.lease() as engine:
+        sampling = engine.make_sampling(SamplingOptions(max_tokens=tokens, stream=True))
+        count = 0
+        async for _ in engine.generate("r", [1], sampling):
+            count += 1
+        return count
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
+async def test_reload_under_load_loses_nothing(strategy: str) -> None:
+    holder, made = holder_with()
+    await holder.start()
+    running = [asyncio.create_task(use(holder, 20)) for _ in range(5)]
+    await asyncio.sleep(0.02)
+    reload = asyncio.create_task(holder.reload(settings("new", strategy)))
+    await asyncio.sleep(0.01)
+    late = [asyncio.create_task(use(holder, 5)) for _ in range(5)]
+    result = await reload
+    assert result.outcome == "success"
+    assert [await t for t in running] == [20] * 5
+    assert [await t for t in late] == [5] * 5
+    assert holder.settings.served_model_name == "new"
+    assert holder.engine is made[-1] and len(made) == 2
+    if strategy == "drain-swap":
+        assert result.queued == 5
+    assert holder.state is EngineState.SERVING and holder.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_second_reload_gets_409() -> None:
+    holder, _ = holder_with(start_delay=0.2)
+    await holder.start()
+    first = asyncio.create_task(holder.reload(settings("a")))
+    await asyncio.sleep(0.01)
+    with pytest.raises(ConflictError):
+        await holder.reload(settings("b"))
+    assert (await first).outcome == "success"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
+async def test_failed_start_rolls_back(strategy: str) -> None:
+    holder, made = holder_with(fail_for={"broken"})
+    await holder.start()
+    result = await holder.reload(settings("broken", strategy))
+    assert result.outcome == "rolled_back" and "cannot start broken" in result.error
+    assert holder.settings.served_model_name == "old"
+    assert holder.state is EngineState.SERVING
+    assert await use(holder, 3) == 3
+    assert holder.last_reload is result
+
+
+@pytest.mark.anyio
+async def test_queue_overflow_and_max_wait_get_503() -> None:
+    holder, _ = holder_with(start_delay=0.3)
+    await holder.start()
+    reload = asyncio.create_task(holder.reload(settings("new", queue_size=2, queue_max_wait_s=0.1)))
+    await asyncio.sleep(0.02)
+    waiting = [asyncio.create_task(use(holder, 1)) for _ in range(3)]
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert sum(isinstance(r, ServiceUnavailableError) for r in results) == 3  # 1 overflow + 2 timed out
+    assert all(r.headers.get("Retry-After") for r in results if isinstance(r, ServiceUnavailableError))
+    assert (await reload).outcome == "success"
+
+
+@pytest.mark.anyio
+async def test_drain_timeout_aborts_with_a_clear_error() -> None:
+    holder, made = holder_with()
+    await holder.start()
+    slow = asyncio.create_task(use(holder, 500))  # 5 s at 10 ms a token
+    await asyncio.sleep(0.05)
+    result = await holder.reload(settings("new", drain_timeout_s=0.1))
+    assert result.aborted == 1
+    with pytest.raises(ServiceUnavailableError, match="drain timeout"):
+        await slow
