@@ -93,6 +93,7 @@ class EngineHolder:
         self._queued_total = 0  # ... during the current reload
         self._reload_limits: ReloadSettings | None = None
         self._max_wait = 0.0
+        self._queue_arrivals: list[float] = []
         self._all_idle = asyncio.Event()
         self._all_idle.set()
         self._total_in_flight = 0
@@ -259,6 +260,7 @@ class EngineHolder:
         self._waiting += 1
         self._queued_total += 1
         t0 = time.monotonic()
+        self._queue_arrivals.append(t0)
         try:
             await asyncio.wait_for(self._serving.wait(), limits.queue_max_wait_s)
         except asyncio.TimeoutError:
@@ -268,6 +270,7 @@ class EngineHolder:
             ) from None
         finally:
             self._waiting -= 1
+            self._queue_arrivals.remove(t0)
             self._max_wait = max(self._max_wait, time.monotonic() - t0)
         if self._slot is None or self.state is not EngineState.SERVING:
             raise ServiceUnavailableError("no engine is available after the reload", headers={"Retry-After": "5"})
@@ -293,6 +296,8 @@ class EngineHolder:
                 result = await self._blue_green(new_settings, t0)
             else:
                 result = await self._drain_swap(new_settings, t0)
+            if self._queue_arrivals:  # waiters released just now have not woken up yet
+                self._max_wait = max(self._max_wait, time.monotonic() - min(self._queue_arrivals))
             result.queued = self._queued_total
             result.max_queue_wait_s = round(self._max_wait, 3)
             self.last_reload = result

@@ -67,6 +67,7 @@ async def test_reload_under_load_loses_nothing(strategy: str) -> None:
     assert holder.engine is made[-1] and len(made) == 2
     if strategy == "drain-swap":
         assert result.queued == 5
+        assert result.max_queue_wait_s > 0.03  # they waited for the drain and the 50 ms start
     assert holder.state is EngineState.SERVING and holder.in_flight == 0
 
 
