@@ -25,7 +25,7 @@ CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
 STATE_DIR = ROOT / ".state"
 MODEL_DIR = STATE_DIR / "models" / "smollm2-135m-instruct"
 SERVED_NAME = "smollm2-135m-instruct"
-READY_TIMEOUT_S = 240.0
+READY_TIMEOUT_S = 420.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -109,7 +109,8 @@ def wait_ready(server: ServerProcess, path: str = "/ready", timeout: float = REA
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    server.stop(signal.SIGKILL)
+    kill_tree(server.proc.pid)  # the engine processes too, not just the gateway
+    server.proc.wait(10)
     raise TimeoutError(f"server not ready after {timeout} s:\n{server.log()[-6000:]}")
 
 
