@@ -181,7 +181,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from loadtest.compare import compare_table
     from loadtest.results import read_document
 
-    print(compare_table(read_document(args.a), read_document(args.b), args.a.stem, args.b.stem))
+    try:
+        a, b = read_document(args.a), read_document(args.b)
+    except (OSError, ValueError) as exc:
+        sys.exit(f"compare: {exc}")
+    print(compare_table(a, b, args.a.stem, args.b.stem))
     return 0
 
 

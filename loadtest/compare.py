@@ -27,7 +27,9 @@ def _get(summary: dict[str, Any], path: tuple[str, ...]) -> float | None:
 
 
 def _fmt(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{value:,.2f}"
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:,.0f}" if value.is_integer() and abs(value) >= 1 else f"{value:,.2f}"
 
 
 def compare_table(a: dict[str, Any], b: dict[str, Any], name_a: str = "A", name_b: str = "B") -> str:
