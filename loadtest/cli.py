@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import sys
@@ -20,6 +21,16 @@ COMMANDS = ("run", "compare", "plot")
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--extra-body must be a JSON object")
+    return value
 
 
 def _slo(text: str) -> tuple[str, float]:
@@ -44,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bearer token (default: $OPENAI_API_KEY)")
     target.add_argument("--temperature", type=float, default=0.0)
     target.add_argument("--timeout", type=float, default=600.0, help="per-request read timeout, s")
+    target.add_argument("--extra-body", type=_json_object, help='JSON merged into every body, e.g. \'{"min_tokens": 16}\'')
 
     shape = run.add_argument_group("load shape (a comma list sweeps)")
     shape.add_argument("--concurrency", type=_floats, help="fixed concurrency, e.g. 1,2,4,8")
@@ -68,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--vocab-size", type=int, help="token-id prompts without a tokenizer")
     work.add_argument("--text-prompts", action="store_true",
                       help="send text, not token ids (needs --tokenizer; implied by --api chat)")
-    work.add_argument("--ignore-eos", action="store_true", help="fixed output length (ignore_eos + min_tokens)")
+    work.add_argument("--ignore-eos", action="store_true", help="fixed output length (vLLM's ignore_eos)")
     work.add_argument("--seed", type=int, default=0)
 
     out = run.add_argument_group("results")
@@ -144,7 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     bounds = Bounds(num_requests=num, duration_s=args.duration)
     model = args.model or _discover_model(args.base_url, args.api_key)
     endpoint = Endpoint(base_url=args.base_url, model=model, api=args.api, stream=not args.no_stream,
-                        api_key=args.api_key, ignore_eos=args.ignore_eos, temperature=args.temperature)
+                        api_key=args.api_key, ignore_eos=args.ignore_eos, temperature=args.temperature,
+                        extra_body=args.extra_body)
     specs = _specs(args, num or 1000, args.seed)  # duration runs cycle through a pool
     warmup = _specs(args, args.warmup, args.seed + 1) if args.warmup else []
     slos = dict(args.slo)

@@ -49,9 +49,11 @@ def test_rate_run_with_api_key_and_bad_slo(fake_server: ServerFactory, tmp_path:
     server = fake_server([Script(ttft_s=0.0, itl_s=0.0, tokens=2)])
     assert main(["run", "--base-url", server.base_url, "--model", "m", "--rate", "50", "--burstiness", "0.5",
                  "-n", "10", "--vocab-size", "100", "--input-len", "4", "--output-len", "2",
-                 "--api-key", "sk-1", "--no-progress", "--out", str(tmp_path / "r.json")]) == 0
+                 "--api-key", "sk-1", "--extra-body", '{"min_tokens": 2}', "--no-progress",
+                 "--out", str(tmp_path / "r.json")]) == 0
     served = server.served
     assert len(served) == 10 and all(s.headers["authorization"] == "Bearer sk-1" for s in served)
+    assert all(s.body["min_tokens"] == 2 for s in served)
     assert "sk-1" not in (tmp_path / "r.json").read_text()
     with pytest.raises(SystemExit):
         main(["run", "--base-url", server.base_url, "--slo", "latency:5"])
