@@ -106,7 +106,8 @@ class Gateway:
     async def _watch_engine(self) -> None:
         while not self._stopping:
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
-            if self.holder.state is EngineState.SERVING and not self.holder.is_alive():
+            # /health may have noticed first and already marked the engine dead.
+            if not self.holder.is_alive():
                 logger.error("the engine died; exiting so the supervisor restarts the service")
                 self.exit_code = 1
                 # Leave /health answering 503 briefly so probes see the death, then exit.
