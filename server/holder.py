@@ -229,13 +229,14 @@ class EngineHolder:
                 self._all_idle.set()
 
     async def _admit(self) -> _Slot:
-        limit = self.settings.limits.max_in_flight
-        if limit and self._total_in_flight >= limit:
-            raise OverloadedError(
-                f"too many requests in flight ({limit}); retry shortly", headers={"Retry-After": "1"}
-            )
         if self.state is EngineState.SERVING and self._slot is not None:
             if not self._slot.engine.is_dead():
+                limit = self.settings.limits.max_in_flight
+                if limit and self._total_in_flight >= limit:
+                    raise OverloadedError(
+                        f"too many requests in flight ({limit}); retry shortly",
+                        headers={"Retry-After": "1"},
+                    )
                 return self._slot
             self._set_state(EngineState.DEAD)
         if self.state is EngineState.RELOADING:
