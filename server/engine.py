@@ -26,6 +26,7 @@ from server.errors import (
     InvalidRequestError,
     ServiceUnavailableError,
 )
+from server.profile_checks import check_parallelism
 from server.settings import EngineProfile, Settings
 
 logger = logging.getLogger("llm_gateway.engine")
@@ -212,6 +213,8 @@ def engine_args_kwargs(settings: Settings) -> dict[str, Any]:
         "load_format": p.load_format,
         "seed": p.seed,
         "max_logprobs": p.max_logprobs,
+        "tensor_parallel_size": p.tensor_parallel_size,
+        "data_parallel_size": p.data_parallel_size,
         # The gateway logs one line per request itself.
         "enable_log_requests": False,
         # Stats on: AsyncLLM then registers vLLM's PrometheusStatLogger (the vllm:* families,
@@ -270,6 +273,7 @@ class VllmEngine:
                     else ""
                 )
                 raise FileNotFoundError(f"engine.model: no model at {model_path}.{hint}")
+        check_parallelism(settings)
         rpc_dir = prepare_engine_environment(settings)
         kwargs = engine_args_kwargs(settings)
 

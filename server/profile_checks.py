@@ -6,6 +6,7 @@ Hard rules live in `server.settings` (they fail validation); these only warn.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,29 @@ def _kv_shared_layers(config: dict[str, Any]) -> int | None:
         if "num_kv_shared_layers" in section:
             return int(section["num_kv_shared_layers"] or 0)
     return None
+
+
+def visible_gpus(environ: dict[str, str] | None = None, dev: Path = Path("/dev")) -> int:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the NVIDIA device nodes."""
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return len([d for d in env["CUDA_VISIBLE_DEVICES"].split(",") if d.strip() and d.strip() != "-1"])
+    return len([p for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit()])
+
+
+def check_parallelism(settings: Settings, gpus: int | None = None) -> None:
+    """Refuse a profile that needs more GPUs than are visible, before any engine starts."""
+    engine = settings.engine
+    needed = engine.tensor_parallel_size * engine.data_parallel_size
+    if engine.resolved_device() != "gpu" or needed == 1:
+        return
+    have = visible_gpus() if gpus is None else gpus
+    if needed > have:
+        raise ValueError(
+            f"engine.tensor_parallel_size ({engine.tensor_parallel_size}) x engine.data_parallel_size "
+            f"({engine.data_parallel_size}) needs {needed} GPUs, but {have} are visible "
+            "(CUDA_VISIBLE_DEVICES / /dev/nvidia*)."
+        )
 
 
 def profile_warnings(settings: Settings) -> list[str]:

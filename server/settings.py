@@ -201,6 +201,12 @@ class EngineProfile(BaseModel):
     speculative_config: dict[str, Any] | None = None
     """Speculative decoding config, passed through (method, model, num_speculative_tokens)."""
 
+    tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs one model copy is split over (vLLM tensor parallelism)."""
+
+    data_parallel_size: int = Field(1, ge=1)
+    """Model copies inside this engine (vLLM data parallelism); needs tp x dp visible GPUs."""
+
     distributed_executor_backend: Literal["mp", "uni", "ray", "external_launcher"] | None = None
     """How vLLM runs its workers: `mp` (processes, the default for >1 GPU), `uni` (in the engine
     process; saves a process start on one device), `ray` (a Ray cluster)."""

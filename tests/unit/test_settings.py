@@ -112,3 +112,18 @@ def test_every_field_is_documented() -> None:
                     nxt = body[i + 1] if i + 1 < len(body) else None
                     assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), (
                         f"{node.name}.{stmt.target.id} has no docstring")  # type: ignore[union-attr]
+
+
+def test_parallelism_is_checked_against_visible_gpus(tmp_path: Path) -> None:
+    from server.profile_checks import check_parallelism, visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert visible_gpus({}, dev=tmp_path) == 2
+    s = Settings(engine=EngineProfile(device="gpu", tensor_parallel_size=2, data_parallel_size=2))
+    with pytest.raises(ValueError, match="tensor_parallel_size.*needs 4 GPUs, but 2"):
+        check_parallelism(s, gpus=2)
+    check_parallelism(s, gpus=4)
+    check_parallelism(Settings(engine=EngineProfile(device="cpu", kv_cache_memory_bytes=1)), gpus=0)
