@@ -484,10 +484,3 @@ class VllmEngine:
             await asyncio.to_thread(self._llm.shutdown)
         finally:
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
-
-    def engine_core_pids(self) -> list[int]:
-        """PIDs of the engine-core processes (for death detection and tests)."""
-        core = getattr(self._llm, "engine_core", None)
-        manager = getattr(getattr(core, "resources", None), "engine_manager", None)
-        procs = getattr(manager, "processes", None) or []
-        return [p.pid for p in procs if getattr(p, "pid", None)]

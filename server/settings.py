@@ -7,7 +7,6 @@ Cross-field rules run when the model is built, before any engine loads, and name
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -320,7 +319,3 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     loaded = _FromFile(**{k: v for k, v in overrides.items() if v is not None})
     # Re-validate as the public class so callers never see the throwaway subclass.
     return Settings.model_validate(loaded.model_dump())
-
-
-def settings_fingerprint(settings: Settings) -> str:
-    return json.dumps(settings.model_dump(mode="json"), sort_keys=True)

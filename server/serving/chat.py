@@ -21,7 +21,6 @@ from server.protocol import (
     ChatLogprobTop,
     ChatResponseMessage,
     ChatStreamChoice,
-    Usage,
 )
 from server.serving.common import (
     DONE_EVENT,
@@ -173,11 +172,7 @@ class ChatService:
             id=request_id,
             model=self.holder.settings.served_model_name,
             choices=choices,
-            usage=Usage(
-                prompt_tokens=stats.prompt_tokens,
-                completion_tokens=stats.completion_tokens,
-                total_tokens=stats.prompt_tokens + stats.completion_tokens,
-            ),
+            usage=stats.usage(),
             system_fingerprint=self.fingerprint,
         )
 
@@ -218,11 +213,7 @@ class ChatService:
                     ))
             stats.completed = True
             if req.stream_options and req.stream_options.include_usage:
-                usage = Usage(
-                    prompt_tokens=stats.prompt_tokens,
-                    completion_tokens=stats.completion_tokens,
-                    total_tokens=stats.prompt_tokens + stats.completion_tokens,
-                )
+                usage = stats.usage()
                 yield sse(ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model, choices=[], usage=usage
                 ).model_dump_json())

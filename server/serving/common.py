@@ -17,6 +17,7 @@ from server.errors import (
     ModelNotFoundError,
     RequestTimeoutError,
 )
+from server.protocol import Usage
 from server.serving.streams import with_deadlines
 from server.settings import LimitSettings
 
@@ -42,6 +43,13 @@ class RequestStats:
     first_token_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
     completed: bool = False
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
 
 
 def new_request_id(prefix: str) -> str:

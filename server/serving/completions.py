@@ -21,7 +21,6 @@ from server.protocol import (
     CompletionRequest,
     CompletionResponse,
     CompletionStreamResponse,
-    Usage,
 )
 from server.serving.common import (
     DONE_EVENT,
@@ -191,11 +190,7 @@ class CompletionService:
             id=request_id,
             model=self.holder.settings.served_model_name,
             choices=choices,
-            usage=Usage(
-                prompt_tokens=stats.prompt_tokens,
-                completion_tokens=stats.completion_tokens,
-                total_tokens=stats.prompt_tokens + stats.completion_tokens,
-            ),
+            usage=stats.usage(),
             system_fingerprint=self.fingerprint,
         )
 
@@ -279,11 +274,7 @@ class CompletionService:
             stats.completion_tokens = sum(s.tokens for s in states.values())
             stats.completed = True
             if req.stream_options and req.stream_options.include_usage:
-                usage = Usage(
-                    prompt_tokens=stats.prompt_tokens,
-                    completion_tokens=stats.completion_tokens,
-                    total_tokens=stats.prompt_tokens + stats.completion_tokens,
-                )
+                usage = stats.usage()
                 final = CompletionStreamResponse(
                     id=request_id, created=created, model=model, choices=[], usage=usage
                 )
