@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Engine-profile benchmark for Gemma 4 E2B on one GPU (issue 9, part 1).
+
+Each profile runs in a fresh subprocess with vLLM's offline `LLM` class (a new engine per
+profile), `load_format="dummy"` on the Gemma 4 E2B text config in benchmarks/models/ (real
+shapes, random weights), no tokenizer (`skip_tokenizer_init=True`, token-id prompts) and
+`detokenize=False`. Every workload is warmed up on the same shapes with *different* random
+prompts, then timed on fresh random prompts (token ids in [0, 262144)), so prefix caching never
+hits. `ignore_eos=True` makes every request produce exactly `max_tokens` tokens.
+
+One JSON line per (profile, workload) is appended to --out as soon as it is measured, so a
+run stopped at its deadline still returns data; a summary table is printed at the end.
+
+    # on the GPU machine (vLLM 0.26.0 on PYTHONPATH)
+    python3 benchmarks/profiles.py --out $OUT/results.jsonl --deadline-s 560 \
+        --profiles defaults,no_prefix_cache,fast_prefill,fast_prefill_eager
+    # here, without vLLM: exercise the driver with a fake engine
+    python3 benchmarks/profiles.py --dry-run --out /tmp/dry.jsonl
+    # a table from one or more result files
+    python3 benchmarks/profiles.py --table benchmarks/results/2026-11-29-h200-profiles.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL_DIR = HERE / "models" / "gemma-4-e2b-text"
+VOCAB = 262144
+
+# name: (number of prompts, prompt tokens, output tokens, metric)
+# metric "total" = (prompt + output tokens) / s, "output" = output tokens / s
+WORKLOADS: dict[str, tuple[int, int, int, str]] = {
+    "prefill_256x4096_16": (256, 4096, 16, "total"),
+    "prefill_4x1024_1": (4, 1024, 1, "total"),
+    "decode_32x512_256": (32, 512, 256, "output"),
+    "decode_256x512_256": (256, 512, 256, "output"),
+    "single_1x1024_256": (1, 1024, 256, "output"),
+}
+
+# Base = what `vllm serve` picks on a 141 GB Hopper GPU (configs/gemma4-e2b-h200-vllm-defaults.yaml):
+# max_num_seqs 1024, max_num_batched_tokens 8192, prefix caching on, fast prefill off, graphs on.
+BASE = {
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 8192,
+    "enable_prefix_caching": True,
+    "kv_sharing_fast_prefill": False,
+    "enforce_eager": False,
+}
+
+
+def _p(**kw):
+    d = dict(BASE)
+    d.update(kw)
+    return d
+
+
+NOPC = {"enable_prefix_caching": False}
+FP = {"enable_prefix_caching": False, "kv_sharing_fast_prefill": True}
+
+PROFILES: dict[str, dict] = {
+    "defaults": _p(),
+    "no_prefix_cache": _p(**NOPC),
+    "fast_prefill": _p(**FP),
+    "fast_prefill_eager": _p(**FP, enforce_eager=True),
+    # the profile shipped before this benchmark (configs/gemma4-e2b-h200.yaml @ 5983717)
+    "fast_prefill_512_16k": _p(**FP, max_num_seqs=512, max_num_batched_tokens=16384),
+    "fast_prefill_16k": _p(**FP, max_num_batched_tokens=16384),
+    "fast_prefill_32k": _p(**FP, max_num_batched_tokens=32768),
+    "fast_prefill_256_16k": _p(**FP, max_num_seqs=256, max_num_batched_tokens=16384),
+    "fast_prefill_no_async": _p(**FP, async_scheduling=False),
+    "fast_prefill_async": _p(**FP, async_scheduling=True),
+    "fast_prefill_piecewise": _p(**FP, compilation_config={"cudagraph_mode": "PIECEWISE"}),
+    "fast_prefill_16k_capture1024": _p(
+        **FP, max_num_batched_tokens=16384, compilation_config={"max_cudagraph_capture_size": 1024}
+    ),
+    "no_prefix_cache_16k": _p(**NOPC, max_num_batched_tokens=16384),
+    "no_prefix_cache_32k": _p(**NOPC, max_num_batched_tokens=32768),
+    "no_prefix_cache_async": _p(**NOPC, async_scheduling=True),
+    "no_prefix_cache_no_async": _p(**NOPC, async_scheduling=False),
+    "no_prefix_cache_eager": _p(**NOPC, enforce_eager=True),
+}
+
+COMMON = {
+    "dtype": "bfloat16",
+    "max_model_len": 32768,
+    "gpu_memory_utilization": 0.90,
+    "load_format": "dummy",
+    "skip_tokenizer_init": True,
+    "seed": 0,
+    "disable_log_stats": True,
+}
+
+
+def random_prompts(rng: random.Random, n: int, length: int) -> list[list[int]]:
+    return [[rng.randrange(VOCAB) for _ in range(length)] for _ in range(n)]
+
+
+# --------------------------------------------------------------------------------- child
+def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dry: bool) -> None:
+    t0 = time.perf_counter()
+    info: dict = {}
+    if dry:
+        llm = None
+    else:
+        from vllm import LLM, SamplingParams, TokensPrompt  # noqa: F401
+        import vllm
+
+        kwargs = dict(COMMON)
+        kwargs.update(spec)
+        llm = LLM(model=model, **kwargs)
+        info["vllm"] = vllm.__version__
+        try:
+            cfg = llm.llm_engine.vllm_config
+            info["async_scheduling"] = bool(getattr(cfg.scheduler_config, "async_scheduling", None))
+            info["cudagraph_mode"] = str(getattr(cfg.compilation_config, "cudagraph_mode", None))
+            sizes = getattr(cfg.compilation_config, "cudagraph_capture_sizes", None) or []
+            info["max_capture_size"] = max(sizes) if sizes else None
+            info["num_gpu_blocks"] = getattr(cfg.cache_config, "num_gpu_blocks", None)
+        except Exception as exc:  # introspection only
+            info["introspection_error"] = repr(exc)
+    start_s = time.perf_counter() - t0
+    print(f"[{name}] engine up in {start_s:.1f}s {info}", flush=True)
+
+    def run(prompts: list[list[int]], out_tokens: int) -> tuple[float, int, int]:
+        if dry:
+            time.sleep(0.01)
+            return 0.01, sum(map(len, prompts)), out_tokens * len(prompts)
+        from vllm import SamplingParams, TokensPrompt
+
+        sp = SamplingParams(
+            max_tokens=out_tokens, min_tokens=out_tokens, ignore_eos=True, temperature=0.0,
+            detokenize=False,
+        )
+        reqs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        t = time.perf_counter()
+        outs = llm.generate(reqs, sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        n_in = sum(len(o.prompt_token_ids) for o in outs)
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        return dt, n_in, n_out
+
+    rng = random.Random(zlib.crc32(name.encode()) ^ int(time.time()))
+    for wl in workloads:
+        n, lin, lout, metric = WORKLOADS[wl]
+        # warm-up: same prompt length and output length, different random prompts; capped at
+        # 64 prompts for the 4K prefill (the engine's batches are capped by
+        # max_num_batched_tokens anyway), full concurrency for decode so every graph size is hit
+        wn = min(n, 64) if lin >= 4096 else n
+        run(random_prompts(rng, wn, lin), lout)
+        dt, n_in, n_out = run(random_prompts(rng, n, lin), lout)
+        tok = (n_in + n_out) if metric == "total" else n_out
+        rec = {
+            "profile": name, "workload": wl, "metric": f"{metric}_tok_s",
+            "tok_s": round(tok / dt, 1), "elapsed_s": round(dt, 4),
+            "prompts": n, "prompt_tokens": n_in, "output_tokens": n_out,
+            "total_tok_s": round((n_in + n_out) / dt, 1), "output_tok_s": round(n_out / dt, 1),
+            "engine_start_s": round(start_s, 1), "engine_args": spec, "engine_info": info,
+            "dry_run": dry, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        with out.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(f"[{name}] {wl}: {rec['tok_s']:.1f} {metric} tok/s ({dt:.2f}s)", flush=True)
+    print(f"[{name}] done in {time.perf_counter() - t0:.1f}s", flush=True)
+    os._exit(0)  # skip engine teardown: the process is ending anyway
+
+
+# -------------------------------------------------------------------------------- parent
+def load(paths: list[Path]) -> list[dict]:
+    recs = []
+    for p in paths:
+        if not p.exists():
+            continue
+        text = p.read_text().strip()
+        if text.startswith("["):
+            recs.extend(json.loads(text))
+        elif text.startswith("{") and '"results"' in text[:200000] and "\n{" not in text:
+            recs.extend(json.loads(text)["results"])
+        else:
+            recs.extend(json.loads(line) for line in text.splitlines() if line.strip())
+    return recs
+
+
+def table(recs: list[dict], base: str = "defaults") -> str:
+    profiles = list(dict.fromkeys(r["profile"] for r in recs))
+    wls = [w for w in WORKLOADS if any(r["workload"] == w for r in recs)]
+    val = {(r["profile"], r["workload"]): r["tok_s"] for r in recs}
+    head = "| profile | " + " | ".join(wls) + " |"
+    lines = [head, "|" + " --- |" * (len(wls) + 1)]
+    for p in profiles:
+        cells = []
+        for w in wls:
+            v = val.get((p, w))
+            b = val.get((base, w))
+            if v is None:
+                cells.append("-")
+            elif b and p != base:
+                cells.append(f"{v / 1000:.2f}k ({v / b:.2f}x)" if v >= 1000 else f"{v:.0f} ({v / b:.2f}x)")
+            else:
+                cells.append(f"{v / 1000:.2f}k" if v >= 1000 else f"{v:.0f}")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def wait_gpu_free(limit_s: float = 30.0) -> None:
+    """Wait until the GPU holds no compute process (the last engine's memory is back)."""
+    t = time.monotonic()
+    while time.monotonic() - t < limit_s:
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return
+        if not r.stdout.strip():
+            return
+        time.sleep(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profiles", default="defaults,no_prefix_cache,fast_prefill,fast_prefill_eager")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--out", type=Path, default=Path("profiles.jsonl"))
+    ap.add_argument("--log", type=Path, default=None, help="append each child's output here")
+    ap.add_argument("--model", default=str(MODEL_DIR))
+    ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting/running after this")
+    ap.add_argument("--min-left-s", type=float, default=60.0, help="do not start a profile with less left")
+    ap.add_argument("--dry-run", action="store_true", help="fake engine: test the driver without vLLM")
+    ap.add_argument("--table", nargs="*", type=Path, help="print a table from result files and exit")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    if a.table is not None:
+        print(table(load(a.table)))
+        return
+    workloads = a.workloads.split(",")
+    if a.child:
+        child(a.child, PROFILES[a.child], workloads, a.out, a.model, a.dry_run)
+        return
+
+    t_end = time.monotonic() + a.deadline_s
+    env = dict(os.environ)
+    env.setdefault("VLLM_CACHE_ROOT", "/tmp/vllm-cache")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    for name in a.profiles.split(","):
+        left = t_end - time.monotonic()
+        if left < a.min_left_s:
+            print(f"[{name}] skipped: {left:.0f}s left", flush=True)
+            continue
+        cmd = [sys.executable, __file__, "--child", name, "--workloads", a.workloads,
+               "--out", str(a.out), "--model", a.model] + (["--dry-run"] if a.dry_run else [])
+        t = time.monotonic()
+        logf = a.log.open("a") if a.log else None
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        keys = ("[" + name + "]", "Traceback", "Error", "runner", "Runner", "fast_prefill",
+                "async scheduling", "Async scheduling", "cudagraph", "CUDA graph")
+
+        def pump() -> None:
+            for line in proc.stdout:
+                if logf:
+                    logf.write(line)
+                if any(k in line for k in keys):
+                    print(line.rstrip()[:400], flush=True)
+
+        th = threading.Thread(target=pump, daemon=True)
+        th.start()
+        try:
+            rc = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = "deadline"
+        th.join(timeout=5)
+        # the engine core is a separate process in the child's session: end it too
+        try:
+            os.killpg(proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        wait_gpu_free()
+        if logf:
+            logf.close()
+        print(f"[{name}] exit {rc} after {time.monotonic() - t:.0f}s", flush=True)
+    recs = load([a.out])
+    print(table(recs), flush=True)
+
+
+if __name__ == "__main__":
+    main()
