@@ -93,9 +93,12 @@ def test_soak(soak_gateway: ServerProcess) -> None:
                     async with client.stream("POST", "/v1/chat/completions", json={
                         "messages": [{"role": "user", "content": f"Soak {i}: say something"}],
                         "max_tokens": 16, "stream": True}) as r:
-                        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
-                    if r.status_code != 200 or lines[-1] != "data: [DONE]" or any('"error"' in x for x in lines):
-                        unexpected.append(f"stream {r.status_code}: {lines[-2:]}")
+                        lines = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+                    # An error event is a JSON object with a top-level "error" key (the model's
+                    # own text may well contain the word "error").
+                    errors = [x for x in lines[:-1] if "error" in json.loads(x)]
+                    if r.status_code != 200 or lines[-1] != "[DONE]" or errors:
+                        unexpected.append(f"stream {r.status_code}: {errors or lines[-2:]}")
                     count("stream_ok")
                 else:
                     r = await client.post("/v1/completions", json={"prompt": f"Soak {i}:", "max_tokens": 16})
