@@ -175,6 +175,7 @@ class Prometheus:
 
     def query(self, expr: str) -> list[dict]:
         r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=120)
+        assert r.headers.get("content-type", "").startswith("application/json"), f"{expr}: {r.status_code} {r.text[:200]}"
         body = r.json()
         assert body.get("status") == "success", f"{expr}: {body}"
         return body["data"]["result"]
@@ -207,11 +208,14 @@ def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pr
             if proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited:\n{log_path.read_text()[-4000:]}")
             try:
+                # Prometheus answers 503 "Service Unavailable" (plain text) until its TSDB is open.
+                if httpx.get(prom.url + "/-/ready", timeout=10).status_code != 200:
+                    return False
                 return any(s["value"][1] == "1" for s in prom.query('up{job="llm-gateway"}'))
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError, AssertionError):
                 return False
 
-        assert wait_for(up, timeout=60), f"prometheus never scraped the gateway:\n{log_path.read_text()[-4000:]}"
+        assert wait_for(up, timeout=120), f"prometheus never scraped the gateway:\n{log_path.read_text()[-4000:]}"
         yield prom
     finally:
         proc.send_signal(signal.SIGTERM)
