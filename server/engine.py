@@ -14,10 +14,11 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from server.errors import (
     EngineDeadError,
@@ -159,6 +160,45 @@ class Engine(Protocol):
 # --------------------------------------------------------------------------------------------
 
 
+T = TypeVar("T")
+
+
+async def run_abandonable(work: Callable[[], T], discard: Callable[[T], None], name: str) -> T:
+    """Run blocking `work` in a daemon thread; if the caller is cancelled, `discard` its result.
+
+    An engine start cannot be interrupted and takes from seconds (CPU) to minutes (GPU graph
+    capture). `asyncio.to_thread` would keep the process from exiting until it finished (the
+    default executor is joined at exit) and would leak the engine it built. A daemon thread lets
+    a stopping server exit, and an engine that comes up after nobody wants it is shut down.
+    """
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[T] = loop.create_future()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if result.cancelled():
+            if ok:
+                threading.Thread(target=discard, args=(value,), name=f"{name}-discard", daemon=True).start()
+            return
+        if ok:
+            result.set_result(value)
+        else:
+            result.set_exception(value)
+
+    def target() -> None:
+        try:
+            value, ok = work(), True
+        except BaseException as exc:
+            value, ok = exc, False
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:  # the event loop is closed: nobody will ever use the result
+            if ok:
+                discard(value)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return await result
+
+
 # sun_path is 108 bytes; vLLM adds "/" + a 36-character uuid, and we add "/e-XXXXXXXX".
 MAX_RPC_BASE_LEN = 107 - 37 - 11
 
@@ -295,8 +335,12 @@ class VllmEngine:
             args = AsyncEngineArgs(**kwargs)
             return AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER), vllm.__version__
 
+        def discard(started: tuple[Any, str]) -> None:
+            started[0].shutdown()
+            shutil.rmtree(rpc_dir, ignore_errors=True)
+
         try:
-            llm, vllm_version = await asyncio.to_thread(build)
+            llm, vllm_version = await run_abandonable(build, discard, name="vllm-engine-start")
         except BaseException:
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise

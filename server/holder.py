@@ -58,6 +58,10 @@ class ReloadResult:
         return dict(self.__dict__)
 
 
+class _ShuttingDown(Exception):
+    """Shutdown began while a reload was starting an engine."""
+
+
 class _Slot:
     """One engine and the leases taken on it."""
 
@@ -67,6 +71,13 @@ class _Slot:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self._shutdown: asyncio.Future[None] | None = None
+
+    async def shutdown(self) -> None:
+        """Stop the engine once, however many callers (reload retiring it, server stopping) ask."""
+        if self._shutdown is None:
+            self._shutdown = asyncio.ensure_future(self.engine.shutdown())
+        await asyncio.shield(self._shutdown)
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
@@ -97,6 +108,9 @@ class EngineHolder:
         self._all_idle = asyncio.Event()
         self._all_idle.set()
         self._total_in_flight = 0
+        self._starts_in_progress = 0
+        self._starts_abandoned = 0
+        self._closing = asyncio.Event()  # set once shutdown began: no engine may start serving after it
         self._state_listeners: list[Callable[[EngineState], None]] = []
         self._reload_listeners: list[Callable[[ReloadResult], None]] = []
 
@@ -167,18 +181,47 @@ class EngineHolder:
         self._set_state(EngineState.STARTING)
         t0 = time.monotonic()
         try:
-            engine = await self._factory(self.settings)
+            engine = await self._make(self.settings)
         except BaseException as exc:
             self.start_error = exc
             self._set_state(EngineState.DEAD)
             raise
+        if self.closing:  # a stop signal came while the engine was starting
+            await engine.shutdown()
+            self._set_state(EngineState.STOPPED)
+            return
         self._slot = _Slot(engine, self.settings)
         self.started_at = time.time()
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
         self._set_state(EngineState.SERVING)
 
+    @property
+    def starting(self) -> bool:
+        """An engine start is under way, or was abandoned by a cancelled caller and may still run
+        in its thread (first start or a reload's new engine)."""
+        return self._starts_in_progress > 0 or self._starts_abandoned > 0
+
+    async def _make(self, settings: Settings) -> Engine:
+        self._starts_in_progress += 1
+        try:
+            return await self._factory(settings)
+        except asyncio.CancelledError:
+            self._starts_abandoned += 1
+            raise
+        finally:
+            self._starts_in_progress -= 1
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
     def begin_drain(self) -> None:
-        """Stop admitting new requests; leases already taken run on."""
+        """Stop admitting new requests for good (shutdown); leases already taken run on.
+
+        Requests queued behind a reload get 503 at once, and an engine a reload is still starting
+        is stopped as soon as it is up instead of taking traffic.
+        """
+        self._closing.set()
         if self.state not in (EngineState.DEAD, EngineState.STOPPED):
             self._set_state(EngineState.DRAINING)
 
@@ -197,7 +240,7 @@ class EngineHolder:
                 aborted = await slot.engine.abort_all("the server is shutting down; the request was aborted")
                 logger.warning("drain timeout (%.0f s): aborted %d request(s)", drain_timeout, aborted)
                 await slot.wait_idle(5.0)
-            await slot.engine.shutdown()
+            await slot.shutdown()
         self._set_state(EngineState.STOPPED)
         return drained
 
@@ -262,17 +305,24 @@ class EngineHolder:
         self._queued_total += 1
         t0 = time.monotonic()
         self._queue_arrivals.append(t0)
+        serving = asyncio.ensure_future(self._serving.wait())
+        closing = asyncio.ensure_future(self._closing.wait())
         try:
-            await asyncio.wait_for(self._serving.wait(), limits.queue_max_wait_s)
-        except asyncio.TimeoutError:
-            raise ServiceUnavailableError(
-                f"the engine is reloading; waited {limits.queue_max_wait_s:.0f} s, retry shortly",
-                headers={"Retry-After": "5"},
-            ) from None
+            done, _ = await asyncio.wait({serving, closing}, timeout=limits.queue_max_wait_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise ServiceUnavailableError(
+                    f"the engine is reloading; waited {limits.queue_max_wait_s:.0f} s, retry shortly",
+                    headers={"Retry-After": "5"},
+                )
         finally:
+            serving.cancel()
+            closing.cancel()
             self._waiting -= 1
             self._queue_arrivals.remove(t0)
             self._max_wait = max(self._max_wait, time.monotonic() - t0)
+        if self.closing:
+            raise ServiceUnavailableError("the server is shutting down; retry shortly", headers={"Retry-After": "2"})
         if self._slot is None or self.state is not EngineState.SERVING:
             raise ServiceUnavailableError("no engine is available after the reload", headers={"Retry-After": "5"})
         return self._slot
@@ -284,7 +334,7 @@ class EngineHolder:
         if self._reload_lock.locked():
             raise ConflictError("a reload is already in progress")
         async with self._reload_lock:
-            if self._slot is None or self.state is not EngineState.SERVING:
+            if self.closing or self._slot is None or self.state is not EngineState.SERVING:
                 raise ServiceUnavailableError(f"cannot reload while the engine is {self.state.value}")
             strategy = new_settings.reload.strategy
             # The reload being applied brings its own strategy, queue and drain limits.
@@ -307,6 +357,33 @@ class EngineHolder:
                 listener(result)
             return result
 
+    async def _start_for_reload(self, settings: Settings) -> Engine:
+        """The factory, unless shutdown begins first: then the start is abandoned (the engine is
+        stopped when it comes up) and the reload answers at once instead of after the start."""
+        start = asyncio.ensure_future(self._make(settings))
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({start, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not start.done():
+                start.cancel()
+                logger.warning("shutdown began while a reload started an engine: the start is abandoned")
+                await asyncio.wait({start})
+                raise _ShuttingDown("the server is shutting down; the reload was abandoned")
+        engine = start.result()
+        if self.closing:
+            logger.warning("shutdown began while a reload started an engine: stopping the new engine")
+            await engine.shutdown()
+            raise _ShuttingDown("the server is shutting down; the reload was abandoned")
+        return engine
+
+    def _abandoned(self, strategy: str, t0: float, aborted: int = 0) -> ReloadResult:
+        if self.state not in (EngineState.DEAD, EngineState.STOPPED):
+            self._set_state(EngineState.DRAINING)
+        return ReloadResult("failure", strategy, time.monotonic() - t0, aborted=aborted,
+                            error="the server is shutting down; the reload was abandoned")
+
     async def _retire(self, slot: _Slot, drain_timeout: float) -> int:
         """Let an old engine's leases finish, abort what outlives the timeout, stop it."""
         aborted = 0
@@ -316,7 +393,7 @@ class EngineHolder:
             )
             logger.warning("reload drain timeout: aborted %d request(s)", aborted)
             await slot.wait_idle(5.0)
-        await slot.engine.shutdown()
+        await slot.shutdown()
         return aborted
 
     async def _drain_swap(self, new_settings: Settings, t0: float) -> ReloadResult:
@@ -325,12 +402,18 @@ class EngineHolder:
         self._set_state(EngineState.RELOADING)  # new requests queue from here on
         aborted = await self._retire(old, new_settings.reload.drain_timeout_s)
         self._slot = None
+        if self.closing:
+            return self._abandoned("drain-swap", t0, aborted)
         try:
-            engine = await self._factory(new_settings)
+            engine = await self._start_for_reload(new_settings)
+        except _ShuttingDown:
+            return self._abandoned("drain-swap", t0, aborted)
         except Exception as exc:
             logger.error("new engine failed to start (%s); restoring the previous profile", exc)
             try:
-                engine = await self._factory(old.settings)
+                engine = await self._start_for_reload(old.settings)
+            except _ShuttingDown:
+                return self._abandoned("drain-swap", t0, aborted)
             except Exception as again:
                 self.start_error = again
                 self._set_state(EngineState.DEAD)
@@ -348,7 +431,9 @@ class EngineHolder:
         old = self._slot
         assert old is not None
         try:
-            engine = await self._factory(new_settings)
+            engine = await self._start_for_reload(new_settings)
+        except _ShuttingDown:
+            return self._abandoned("blue-green", t0)
         except Exception as exc:
             logger.error("new engine failed to start (%s); the old one keeps serving", exc)
             return ReloadResult("rolled_back", "blue-green", time.monotonic() - t0, error=str(exc))

@@ -13,11 +13,13 @@ import contextlib
 import ipaddress
 import json
 import logging
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import uvicorn
 from pydantic import ValidationError
 
@@ -74,6 +76,7 @@ class Gateway:
         self.notifier = Notifier()
         self.exit_code = 0
         self._stopping = False
+        self._finishing = False  # the HTTP server is down; the engine is being stopped
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +93,8 @@ class Gateway:
             self.server.should_exit = True
             return
         engine = self.holder.engine
-        assert engine is not None
+        if engine is None:  # a stop signal arrived while it started; the holder stopped it
+            return
         self.app.state.metrics.set_profile(profile_labels(self.settings, engine.info.vllm_version))
         where = f"http://{self.settings.server.host}:{self.bound_port()}"
         logger.info("serving %s on %s", self.settings.served_model_name, where)
@@ -117,6 +121,11 @@ class Gateway:
 
     def request_stop(self, sig: signal.Signals) -> None:
         if self._stopping:
+            if self._finishing:
+                # Stopping the engine itself is stuck: the operator wants out now.
+                logger.warning("%s while stopping the engine: exiting at once", sig.name)
+                terminate_children(grace_s=0)
+                os._exit(self.exit_code or 1)
             logger.warning("second %s: forcing exit", sig.name)
             self.server.force_exit = True
             self.server.should_exit = True
@@ -228,12 +237,33 @@ class Gateway:
             if not self._stopping:
                 self.notifier.stopping("stopping")
             self._stopping = True
+            self._finishing = True
             drained = await self.holder.stop(drain_timeout=0 if self.server.force_exit else 1.0)
+            if self.holder.starting:
+                # An engine start (first start or a reload) cannot be interrupted and may take
+                # minutes on a GPU; ending its processes makes it fail at once instead.
+                logger.warning("an engine was still starting: terminating its processes")
+                terminate_children(grace_s=5.0)
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
+
+
+def terminate_children(grace_s: float) -> None:
+    """SIGTERM every descendant process, SIGKILL those still alive after `grace_s`."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate() if grace_s > 0 else child.kill()
+    _, alive = psutil.wait_procs(children, timeout=grace_s) if grace_s > 0 else ([], children)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def is_loopback(host: str) -> bool:

@@ -24,6 +24,7 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)
     running: int = 0
     abort_message: str | None = None
+    closed: bool = False
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -82,4 +83,4 @@ class FakeEngine:
         return self.running
 
     async def shutdown(self) -> None:
-        pass
+        self.closed = True

@@ -78,10 +78,12 @@ async def admin_reload(request: Request, body: ReloadRequest | None = None) -> J
     result = await reloader(body.config if body else None, overrides)
     if result.outcome == "success":
         return JSONResponse(result.as_dict())
+    # A reload cut short by a shutdown is the server's state, not a bad configuration.
+    status = 503 if request.app.state.holder.closing else 422
     payload = error_body(
         f"reload {result.outcome}: {result.error}; the previous profile is serving"
         if result.outcome == "rolled_back" else f"reload failed: {result.error}",
-        422,
+        status,
     )
     payload["reload"] = result.as_dict()
-    return JSONResponse(payload, status_code=422)
+    return JSONResponse(payload, status_code=status)

@@ -187,3 +187,57 @@ def test_sighup_reloads_the_config_file(reloadable: tuple[ServerProcess, Path]) 
         time.sleep(0.5)
     assert models(server)["id"] == "from-sighup"
     assert status(server)["last_reload"]["outcome"] == "success"
+
+
+@pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
+def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path, strategy: str) -> None:
+    """SIGTERM while a reload is starting the new engine: the reload answers 503 at once, a request
+    queued behind it gets 503, the process exits 0 within seconds and leaves no engine process."""
+    import psutil
+
+    from tests.conftest import descendants
+
+    server = start_gateway(tmp_path, config=CONFIG)
+    try:
+        box: dict[str, httpx.Response] = {}
+
+        def reload() -> None:
+            box["reload"] = httpx.post(server.base_url + "/admin/reload", timeout=300, json={
+                "reload": {"strategy": strategy}, "engine": {"served_model_name": "never-served"}})
+
+        worker = threading.Thread(target=reload)
+        worker.start()
+        deadline = time.monotonic() + 120
+        while server.log().count("starting vLLM") < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.log().count("starting vLLM") == 2, server.log()[-3000:]
+        time.sleep(1.0)  # the new engine is loading
+        queued: dict[str, httpx.Response] = {}
+        late = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
+            server.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)))
+        if strategy == "drain-swap":
+            late.start()  # waits in the reload queue
+            time.sleep(0.5)
+        children = descendants(server.proc.pid)
+        assert children, "the engine processes should be running"
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(60)
+        took = time.monotonic() - signalled
+        worker.join(10)
+        if strategy == "drain-swap":
+            late.join(10)
+            assert queued["r"].status_code == 503, queued["r"].text
+            assert queued["r"].headers.get("retry-after")
+        print(f"\n{strategy}: exited {code} {took:.1f} s after SIGTERM")
+        assert code == 0, server.log()[-4000:]
+        assert took < 30, server.log()[-4000:]
+        answer = box["reload"]
+        assert answer.status_code == 503, answer.text
+        assert "shutting down" in answer.json()["error"]["message"]
+        time.sleep(1)
+        left = [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, [psutil.Process(p).cmdline() for p in left]
+        assert "an engine was still starting" in server.log()
+    finally:
+        server.stop()

@@ -118,3 +118,65 @@ async def test_drain_timeout_aborts_with_a_clear_error() -> None:
     assert result.aborted == 1
     with pytest.raises(ServiceUnavailableError, match="drain timeout"):
         await slow
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
+async def test_shutdown_during_a_reload_stops_the_engine_it_was_starting(strategy: str) -> None:
+    """SIGTERM while a reload starts the new engine: waiters get 503 at once, the reload answers
+    at once, the old engine drains and stops, and the new engine never serves."""
+    holder, made = holder_with(start_delay=0.3)
+    await holder.start()
+    old = made[0]
+    reload = asyncio.create_task(holder.reload(settings("new", strategy, queue_max_wait_s=30)))
+    await asyncio.sleep(0.05)  # the new engine is starting
+    assert holder.starting
+    queued = asyncio.create_task(use(holder, 1)) if strategy == "drain-swap" else None
+    await asyncio.sleep(0.01)
+    holder.begin_drain()
+    if queued is not None:
+        with pytest.raises(ServiceUnavailableError, match="shutting down"):
+            await asyncio.wait_for(queued, 1.0)
+    assert await holder.stop(drain_timeout=1.0)
+    result = await asyncio.wait_for(reload, 2.0)
+    assert result.outcome == "failure" and "shutting down" in (result.error or "")
+    assert old.closed
+    assert made == [old]  # the new engine's start was abandoned (cancelled) ...
+    assert holder.starting  # ... and reported, so the gateway ends the processes it left
+    assert holder.state is EngineState.STOPPED and holder.engine is None
+    with pytest.raises(ServiceUnavailableError):
+        await use(holder, 1)
+
+
+@pytest.mark.anyio
+async def test_an_abandoned_engine_start_is_discarded_when_it_finishes() -> None:
+    import threading
+
+    from server.engine import run_abandonable
+
+    release = threading.Event()
+    discarded: list[str] = []
+    done = threading.Event()
+
+    def work() -> str:
+        release.wait(5)
+        return "engine"
+
+    def discard(value: str) -> None:
+        discarded.append(value)
+        done.set()
+
+    task = asyncio.create_task(run_abandonable(work, discard, name="test-start"))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    release.set()
+    for _ in range(100):
+        if done.is_set():
+            break
+        await asyncio.sleep(0.02)
+    assert discarded == ["engine"]
+    assert await run_abandonable(lambda: 7, discard, name="test-ok") == 7
+    with pytest.raises(ZeroDivisionError):
+        await run_abandonable(lambda: 1 // 0, discard, name="test-error")
