@@ -262,3 +262,72 @@ def test_two_instances_share_the_traffic(
         assert "connect() failed (111: Connection refused)" in nginx.error_log()
     finally:
         nginx.stop()
+
+
+def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerProcess) -> None:
+    """Two instances behind nginx under concurrent traffic; SIGTERM to one while it has a long
+    stream in flight: its stream completes, it exits 0, and every request sent through nginx
+    succeeds: the draining instance's 503s (and, once it is gone, refused connections) are retried
+    on the other instance by nginx (proxy_next_upstream ... non_idempotent)."""
+    import signal
+    import threading
+
+    from tests.conftest import start_gateway
+
+    (tmp_path / "leaving").mkdir()
+    leaving = start_gateway(tmp_path / "leaving")
+    nginx = start_nginx(tmp_path / "nginx", [port_of(gateway), leaving.port])
+    stop = threading.Event()
+    lock = threading.Lock()
+    ok: list[str] = []
+    failures: list[str] = []
+
+    def client(i: int) -> None:
+        # Paced to stay well under the site's 10 requests/s per-client-address limit.
+        while not stop.is_set():
+            try:
+                resp = completion(nginx.base_url, prompt=f"Client {i} counts:", max_tokens=4)
+                with lock:
+                    (ok if resp.status_code == 200 else failures).append(f"{resp.status_code} {resp.text[:200]}")
+            except httpx.HTTPError as exc:
+                with lock:
+                    failures.append(repr(exc))
+            stop.wait(0.6)
+
+    long_stream: dict[str, StreamTiming] = {}
+
+    def stream_on_leaving() -> None:
+        with httpx.Client() as c:
+            long_stream["t"] = timed_stream(c, leaving.base_url, max_tokens=96)
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    streamer = threading.Thread(target=stream_on_leaving)
+    try:
+        for t in clients:
+            t.start()
+        time.sleep(3)  # both instances serve traffic
+        streamer.start()
+        time.sleep(0.5)  # the stream is generating on the leaving instance
+        leaving.proc.send_signal(signal.SIGTERM)
+        code = leaving.proc.wait(120)
+        time.sleep(3)  # traffic continues against the one instance left
+        stop.set()
+        for t in clients:
+            t.join(120)
+        streamer.join(120)
+        log = nginx.access_log()
+        print(f"\n{len(ok)} requests ok, {len(failures)} failed; leaving instance exited {code}")
+        assert failures == [], failures[:5]
+        assert code == 0, leaving.log()[-3000:]
+        assert long_stream["t"].text  # completed ([DONE] checked by timed_stream)
+        assert len(ok) >= 10
+        assert f'upstream="127.0.0.1:{leaving.port}"' in log  # it served requests before the stop
+        # At least one request reached the leaving instance after SIGTERM and was resent.
+        retried = re.findall(rf'upstream="127\.0\.0\.1:{leaving.port}, 127\.0\.0\.1:{port_of(gateway)}" '
+                             rf'ustatus="(50[23]), 200"', log)
+        assert retried, log[-3000:]
+        print(f"retried on the other instance: {len(retried)} ({', '.join(sorted(set(retried)))})")
+    finally:
+        stop.set()
+        nginx.stop()
+        leaving.stop()
