@@ -1,0 +1,248 @@
+"""Shared pieces of the HTTP benchmarks (http_overhead.py, gpu_reload.py): one effective gateway
+profile written to a YAML file, servers started in their own process group and stopped with all
+their engine processes, JSON-lines result files.
+
+No vLLM import here: the parent processes of the benchmarks stay light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GPU_CONFIG = ROOT / "configs" / "gemma4-e2b-h200.yaml"
+CPU_CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
+GEMMA_CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set engine.max_num_seqs=256 --set reload.drain_timeout_s=10` -> nested overrides (YAML values)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or "." not in key:
+            raise SystemExit(f"--set wants SECTION.FIELD=VALUE, got {item!r}")
+        section, name = key.split(".", 1)
+        out.setdefault(section, {})[name] = yaml.safe_load(raw)
+    return out
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def device_overrides(device: str, workdir: Path, synth_dir: Path | None) -> dict[str, Any]:
+    """What the benchmark changes in the profile: the dummy Gemma model (GPU) or the embedded
+    SmolLM2 resolved to an absolute path (CPU), and a private state directory."""
+    over: dict[str, Any] = {"server": {"state_dir": str(workdir / "state"), "host": "127.0.0.1"}}
+    if device == "gpu":
+        assert synth_dir is not None
+        over["engine"] = {"model": str(synth_dir), "load_format": "dummy", "device": "gpu"}
+    else:
+        from server.settings import embedded_model_dir
+
+        over["engine"] = {"model": str(embedded_model_dir(ROOT / ".state").resolve()), "device": "cpu"}
+    return over
+
+
+def effective_settings(config: Path, overrides: dict[str, Any]):  # -> server.settings.Settings
+    from server.settings import load_settings
+
+    # LLM_GATEWAY_* variables of the caller's shell would leak into the profile: leave them out
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("LLM_GATEWAY_")}
+    try:
+        return load_settings(config, **overrides)
+    finally:
+        os.environ.update(saved)
+
+
+def write_settings(settings, path: Path) -> Path:  # noqa: ANN001
+    """The effective settings as a YAML profile every way starts from (no env, no CLI flags)."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_GATEWAY_")}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Server:
+    """A server (gateway or `vllm serve`) in its own session, logging to a file."""
+
+    name: str
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, path: str, timeout_s: float) -> float:
+        """Seconds until `path` answered 200; raises on exit or timeout."""
+        import httpx
+
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + path, timeout=2).status_code == 200:
+                    return time.monotonic() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        stop_group(self.proc, grace_s)
+
+
+def start_server(name: str, cmd: list[str], log_path: Path, port: int, env: dict[str, str],
+                 cwd: Path = ROOT) -> Server:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"\n==== {now_utc()} {' '.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return Server(name, proc, port, log_path)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the process group (the server and its engine processes), then SIGKILL what is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # engine cores outlive a killed parent otherwise
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    wait_group_gone(proc.pid)
+
+
+def wait_group_gone(pgid: int, limit_s: float = 30.0) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.3)
+
+
+def wait_gpu_free(limit_s: float = 30.0) -> None:
+    """Wait until the GPU holds no compute process (the last engine's memory is back)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        try:
+            r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return
+        if not r.stdout.strip():
+            return
+        time.sleep(1)
+
+
+def append_jsonl(path: Path, rec: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def load_jsonl(paths: list[Path]) -> list[dict[str, Any]]:
+    """Records from JSON-lines files, a JSON list, or a {"meta": ..., "results": [...]} document."""
+    recs: list[dict[str, Any]] = []
+    for p in paths:
+        if not p.exists():
+            continue
+        text = p.read_text().strip()
+        if not text:
+            continue
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError:
+            doc = None
+        if isinstance(doc, list):
+            recs.extend(doc)
+        elif isinstance(doc, dict) and isinstance(doc.get("results"), list):
+            recs.extend(doc["results"])
+        elif isinstance(doc, dict):
+            recs.append(doc)
+        else:
+            recs.extend(json.loads(line) for line in text.splitlines() if line.strip())
+    return recs
+
+
+def write_doc(path: Path, meta: dict[str, Any], recs: list[dict[str, Any]]) -> Path:
+    """A results document for benchmarks/results/: {"meta": {...}, "results": [lines]}."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "results": recs}, indent=1) + "\n")
+    return path
+
+
+def fmt_num(v: float | None, unit: str = "") -> str:
+    if v is None or v != v:  # None or NaN
+        return "-"
+    if abs(v) >= 10000:
+        return f"{v / 1000:.1f}k{unit}"
+    if abs(v) >= 100:
+        return f"{v:.0f}{unit}"
+    if abs(v) >= 10:
+        return f"{v:.1f}{unit}"
+    return f"{v:.2f}{unit}"

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Issue 9 part 2 on one H200: the tuned profile three ways (in-process AsyncLLM, gateway, vllm serve).
+# Run from the repository root on the device machine, as one `run` call:
+#   run(command="bash benchmarks/gpu/part2.sh", carry=[".gpu/install.sh", ".gpu/pN"])
+# either as the call that brings the last staged part (../shared/gpu/README.md) or any later call on
+# the same warm machine. Everything lands under $OUT: part2.jsonl (one line per way x concurrency),
+# part2.json ({meta, results} of this call), part2.log (driver output), work/ (profile, server and
+# loadtest logs, raw loadtest results). The driver stops itself before the 600 s device limit.
+# Budget: engine start ~270 s cold on a fresh machine, ~60 s with the compile cache warm; three
+# engines plus ~40 s of load each need ~330 s warm, so on a fresh machine plan TWO calls: the first
+# (cold compile) measures what fits, the second, same machine, gives the complete three-way table.
+# Knobs (environment): WAYS (inproc,gateway,vllm), CONCURRENCY (1,32,256), REQUESTS (2 x c, >= 16),
+# INPUT_TOKENS (512), OUTPUT_TOKENS (256), CALL_LIMIT_S (600), EXTRA (more http_overhead.py flags).
+set -uo pipefail
+t0=$SECONDS
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
+[ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
+export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+python3 -c "import vllm, torch, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+  || { echo "missing packages on the device"; exit 3; }
+work=/tmp/part2-work; mkdir -p "$work"
+limit=${CALL_LIMIT_S:-600}
+deadline=$(( limit - 35 - (SECONDS - t0) ))
+echo "deadline ${deadline}s"
+python3 benchmarks/http_overhead.py --device gpu --deadline-s "$deadline" --min-left-s 100 \
+  --ways "${WAYS:-inproc,gateway,vllm}" --concurrency "${CONCURRENCY:-1,32,256}" \
+  ${REQUESTS:+--requests "$REQUESTS"} --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \
+  --out "$OUT/part2.jsonl" --workdir "$work" --run-id "h200-part2-$(date -u +%H%M%S)" \
+  --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, token-id prompts" \
+  --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"
+mkdir -p "$OUT/work"
+cp "$work"/*.log "$work"/profile.yaml "$OUT/work/" 2>/dev/null
+for f in "$work"/*-c*.json; do [ -f "$f" ] && gzip -c "$f" > "$OUT/work/$(basename "$f").gz"; done
+echo "part2 done after $(( SECONDS - t0 ))s"

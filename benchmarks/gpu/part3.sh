@@ -1,0 +1,35 @@
+#!/bin/bash
+# Issue 9 part 3 on one H200: drain-swap and blue-green reloads of the gateway under steady load.
+# Run from the repository root on the device machine, as one `run` call:
+#   run(command="bash benchmarks/gpu/part3.sh", carry=[".gpu/install.sh", ".gpu/pN"])
+# (the call with the last staged part, or any later call on the same warm machine). Profile:
+# configs/gemma4-e2b-h200.yaml at engine.gpu_memory_utilization 0.45 (two engines fit for blue-green),
+# dummy weights + synthetic tokenizer; 32 streaming clients (512 in / 256 out) from 10 s before the
+# first reload to 10 s after the last. Output under $OUT: part3.jsonl (one line per reload + one for
+# the run), part3.json ({meta, results}), part3.log, work/ (gateway log, profile, every request's timings).
+# Budget: gateway start + two engine starts: ~3.5 min with a warm compile cache (e.g. right after
+# part2.sh on the same machine), ~7 min cold on a fresh machine (then the second reload may be
+# skipped by the deadline: run it again as a second call).
+# Knobs: STRATEGIES (drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
+set -uo pipefail
+t0=$SECONDS
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
+[ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
+export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+python3 -c "import vllm, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers" \
+  || { echo "missing packages on the device"; exit 3; }
+work=/tmp/part3-work; mkdir -p "$work"
+limit=${CALL_LIMIT_S:-600}
+deadline=$(( limit - 35 - (SECONDS - t0) ))
+echo "deadline ${deadline}s"
+python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
+  --strategies "${STRATEGIES:-drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
+  --out "$OUT/part3.jsonl" --workdir "$work" --requests-out "$work/requests.json" \
+  --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic tokenizer, gpu_memory_utilization 0.45" \
+  --doc "$OUT/part3.json" ${EXTRA:-} 2>&1 | tee "$OUT/part3.log"
+mkdir -p "$OUT/work"
+cp "$work"/*.log "$work"/profile.yaml "$OUT/work/" 2>/dev/null
+[ -f "$work/requests.json" ] && gzip -c "$work/requests.json" > "$OUT/work/requests.json.gz"
+echo "part3 done after $(( SECONDS - t0 ))s"

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Reload under load (issue 9, part 3): time `drain-swap` and `blue-green` reloads of the gateway
+while a steady closed-loop load runs, count failed requests (goal: zero) and the longest wait a
+request saw.
+
+The gateway starts from one effective profile (--config plus overrides, written to
+WORKDIR/profile.yaml; on the GPU `engine.gpu_memory_utilization` 0.45 so two engines fit for
+blue-green, the dummy-weight Gemma 4 E2B with the synthetic tokenizer of synth_tokenizer.py).
+`--concurrency` workers send streaming /v1/completions requests back to back (token-id prompts,
+fixed output length, loadtest's own request code: loadtest.client.send_request) from before the
+first reload until `--settle-s` after the last. Each reload is `POST /admin/reload` with body
+`{"reload": {"strategy": S}}` (same profile, so the engine restarts with identical settings); its
+answer carries the server's duration, queued / aborted counts and longest queue wait.
+
+One JSON line per reload (server and client view: duration, requests in flight or sent during
+the reload, failed, max TTFT and max E2E among them, against the baseline before the first
+reload) plus one line for the whole run, appended as soon as known.
+
+    # GPU (vLLM 0.26 on PYTHONPATH, see benchmarks/gpu/part3.sh)
+    python3 benchmarks/gpu_reload.py --deadline-s 540 --out $OUT/part3.jsonl --workdir $OUT/work3
+    # CPU smoke: one reload of each strategy with the embedded model (two small engines for blue-green)
+    .venv/bin/python benchmarks/gpu_reload.py --device cpu --concurrency 2 --output-tokens 16 --out /tmp/r.jsonl
+    python3 benchmarks/gpu_reload.py --table benchmarks/results/2026-11-29-cpu-reload-smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from benchlib import ROOT  # noqa: E402
+
+STRATEGIES = ("drain-swap", "blue-green")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    from loadtest.metrics import percentile
+
+    return None if not values else round(percentile(values, q) * 1000.0, 1)
+
+
+def _mx(values: list[float]) -> float | None:
+    return None if not values else round(max(values) * 1000.0, 1)
+
+
+def window_stats(reqs: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
+    """Requests that overlap [t0, t1] (in flight at some point of it, or sent during it).
+
+    Each request is a dict with sent_s, latency_s, ttft_s (seconds, same clock as t0/t1), ok, error.
+    """
+    hit = [r for r in reqs if r["sent_s"] <= t1 and r["sent_s"] + (r.get("latency_s") or 0.0) >= t0]
+    ok = [r for r in hit if r["ok"]]
+    errors: dict[str, int] = {}
+    for r in hit:
+        if not r["ok"]:
+            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
+            errors[key] = errors.get(key, 0) + 1
+    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
+    e2e = [r["latency_s"] for r in hit if r.get("latency_s") is not None]
+    return {
+        "requests": len(hit), "sent_during": sum(1 for r in hit if r["sent_s"] >= t0),
+        "failed": len(hit) - len(ok), "errors": errors,
+        "max_ttft_ms": _mx(ttft), "p50_ttft_ms": _pct(ttft, 50), "max_e2e_ms": _mx(e2e),
+    }
+
+
+def baseline_stats(reqs: list[dict[str, Any]], before: float) -> dict[str, Any]:
+    done = [r for r in reqs if r["sent_s"] + (r.get("latency_s") or 0.0) < before]
+    ok = [r for r in done if r["ok"]]
+    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
+    e2e = [r["latency_s"] for r in ok if r.get("latency_s") is not None]
+    return {"requests": len(done), "failed": len(done) - len(ok), "p50_ttft_ms": _pct(ttft, 50),
+            "p99_ttft_ms": _pct(ttft, 99), "max_ttft_ms": _mx(ttft), "p50_e2e_ms": _pct(e2e, 50),
+            "max_e2e_ms": _mx(e2e)}
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    f = benchlib.fmt_num
+    lines = ["| strategy | outcome | reload (server) s | reload (client) s | requests in window | failed | "
+             "queued / aborted | max queue wait s | max TTFT ms | max E2E ms | baseline p50 / max TTFT ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in recs:
+        if r.get("bench") != "gpu_reload" or r.get("kind") != "reload":
+            continue
+        srv, win, base = r.get("server") or {}, r.get("window") or {}, r.get("baseline") or {}
+        lines.append(
+            f"| {r['strategy']} | {srv.get('outcome', r.get('http_status'))} | {f(srv.get('duration_s'))} | "
+            f"{f(r.get('client_duration_s'))} | {win.get('requests', '-')} | {win.get('failed', '-')} | "
+            f"{srv.get('queued', '-')} / {srv.get('aborted', '-')} | {f(srv.get('max_queue_wait_s'))} | "
+            f"{f(win.get('max_ttft_ms'))} | {f(win.get('max_e2e_ms'))} | "
+            f"{f(base.get('p50_ttft_ms'))} / {f(base.get('max_ttft_ms'))} |")
+    for r in recs:
+        if r.get("bench") == "gpu_reload" and r.get("kind") == "run":
+            lines.append("")
+            lines.append(f"Whole run ({r.get('label', '')}): {r['requests']} requests, {r['failed']} failed"
+                         f" ({r.get('errors') or 'no errors'}), longest TTFT {f(r.get('max_ttft_ms'))} ms, "
+                         f"longest E2E {f(r.get('max_e2e_ms'))} ms, gateway start {f(r.get('gateway_start_s'))} s.")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------- run
+async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_end: float,
+                common: dict[str, Any]) -> None:
+    import httpx
+
+    from loadtest.client import Endpoint, send_request
+    from loadtest.records import RequestRecord
+    from loadtest.runner import make_client
+    from loadtest.workloads import RandomWorkload, random_specs
+
+    endpoint = Endpoint(base_url=base_url, model=model, ignore_eos=True, temperature=0.0)
+    specs = random_specs(RandomWorkload(input_len=a.input_tokens, output_len=a.output_tokens,
+                                        vocab_size=a.vocab_size), 4096, a.seed)
+    records: list[RequestRecord] = []
+    stop = asyncio.Event()
+    clock_zero = time.perf_counter()
+    counter = iter(range(10**9))
+
+    def now() -> float:
+        return time.perf_counter() - clock_zero
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            i = next(counter)
+            rec = RequestRecord(index=i, scheduled_s=now())
+            await send_request(client, endpoint, specs[i % len(specs)], rec, clock_zero)
+            records.append(rec)
+            if not rec.ok:
+                await asyncio.sleep(0.05)  # no busy loop on a refusing server; the failure is counted
+
+    def as_dicts() -> list[dict[str, Any]]:
+        return [{"sent_s": r.sent_s, "latency_s": r.latency_s, "ttft_s": r.ttft_s, "ok": r.ok,
+                 "error": r.error, "status": r.status} for r in records]
+
+    async with make_client(a.request_timeout_s) as client, \
+            httpx.AsyncClient(timeout=httpx.Timeout(a.reload_timeout_s, connect=10)) as admin:
+        workers = [asyncio.create_task(worker(client)) for _ in range(a.concurrency)]
+        await asyncio.sleep(a.baseline_s)
+        first_reload_at = now()
+        for strategy in a.strategies.split(","):
+            left = t_end - time.monotonic()
+            if left < a.min_left_s:
+                print(f"[reload] {strategy} skipped: {left:.0f}s left", flush=True)
+                continue
+            t0 = now()
+            print(f"[reload] {strategy} at t={t0:.1f}s, {len(records)} requests done so far", flush=True)
+            try:
+                resp = await admin.post(base_url + "/admin/reload", json={"reload": {"strategy": strategy}},
+                                        timeout=max(5.0, min(a.reload_timeout_s, t_end - time.monotonic())))
+                status, body = resp.status_code, resp.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                status, body = None, {"error": repr(exc)}
+            t1 = now()
+            server = body if status == 200 else (body.get("reload") or {"error": body.get("error", body)})
+            print(f"[reload] {strategy}: HTTP {status} after {t1 - t0:.1f}s: {json.dumps(server)[:400]}", flush=True)
+            await asyncio.sleep(min(a.settle_s, max(0.0, t_end - time.monotonic() - 5)))
+            reqs = as_dicts()
+            rec = {"bench": "gpu_reload", "kind": "reload", "strategy": strategy, "http_status": status,
+                   "server": server, "client_duration_s": round(t1 - t0, 3),
+                   "reload_start_s": round(t0, 3), "reload_end_s": round(t1, 3),
+                   "window": window_stats(reqs, t0, t1), "baseline": baseline_stats(reqs, first_reload_at),
+                   "time": benchlib.now_utc(), **common}
+            benchlib.append_jsonl(out, rec)
+            print(f"[reload] {strategy}: window {rec['window']}", flush=True)
+        stop.set()
+        done, pending = await asyncio.wait(workers, timeout=max(5.0, t_end - time.monotonic()))
+        for task in pending:
+            task.cancel()
+    reqs = as_dicts()
+    ok = [r for r in reqs if r["ok"]]
+    errors: dict[str, int] = {}
+    for r in reqs:
+        if not r["ok"]:
+            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
+            errors[key] = errors.get(key, 0) + 1
+    run = {"bench": "gpu_reload", "kind": "run", "requests": len(reqs), "failed": len(reqs) - len(ok),
+           "errors": errors, "max_ttft_ms": _mx([r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
+           "max_e2e_ms": _mx([r["latency_s"] for r in reqs if r["latency_s"] is not None]),
+           "duration_s": round(now(), 1), "time": benchlib.now_utc(), **common}
+    benchlib.append_jsonl(out, run)
+    if a.requests_out:
+        a.requests_out.write_text(json.dumps(reqs) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
+    ap.add_argument("--config", type=Path, help="gateway profile (default: configs/gemma4-e2b-h200.yaml "
+                    "on gpu, configs/embedded-cpu.yaml on cpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 on "
+                    "gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--concurrency", type=int, default=None, help="closed-loop workers (default 32 gpu, 2 cpu)")
+    ap.add_argument("--input-tokens", type=int, default=None, help="default 512 gpu, 64 cpu")
+    ap.add_argument("--output-tokens", type=int, default=None, help="default 256 gpu, 16 cpu")
+    ap.add_argument("--vocab-size", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-s", type=float, default=None, help="load before the first reload (10 gpu, 8 cpu)")
+    ap.add_argument("--settle-s", type=float, default=None, help="load after each reload (10 gpu, 6 cpu)")
+    ap.add_argument("--request-timeout-s", type=float, default=300.0)
+    ap.add_argument("--reload-timeout-s", type=float, default=400.0)
+    ap.add_argument("--out", type=Path, default=Path("gpu_reload.jsonl"))
+    ap.add_argument("--requests-out", type=Path, default=None, help="every request's timings (JSON)")
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--min-left-s", type=float, default=None, help="do not start a reload with less left "
+                    "(default 150 gpu, 40 cpu)")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--doc", type=Path, default=None, help="also write {meta, results} of this run here")
+    ap.add_argument("--table", nargs="*", type=Path, help="print the table from result files and exit")
+    a = ap.parse_args()
+    if a.table is not None:
+        print(table(benchlib.load_jsonl(a.table)))
+        return
+    gpu = a.device == "gpu"
+    for name, g, c in (("concurrency", 32, 2), ("input_tokens", 512, 64), ("output_tokens", 256, 16),
+                       ("baseline_s", 10.0, 8.0), ("settle_s", 10.0, 6.0), ("min_left_s", 150.0, 40.0)):
+        if getattr(a, name) is None:
+            setattr(a, name, g if gpu else c)
+
+    t_end = time.monotonic() + a.deadline_s
+    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="gpu-reload-"))).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    a.out = a.out.resolve()
+    config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
+    synth = None
+    if gpu:
+        import synth_tokenizer
+
+        synth = synth_tokenizer.build(workdir / "gemma-4-e2b-synth")
+    defaults = ({"engine": {"gpu_memory_utilization": 0.45}} if gpu
+                else {"engine": {"kv_cache_memory_bytes": 268435456}})
+    overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), defaults),
+                                    benchlib.parse_set(a.set))
+    settings = benchlib.effective_settings(config, overrides)
+    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
+    if a.vocab_size is None:
+        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    common = {"run_id": run_id, "label": a.label or f"{a.device} run", "device": a.device,
+              "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+              "overrides": overrides.get("engine", {}), "concurrency": a.concurrency,
+              "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
+              "reload_settings": settings.reload.model_dump(mode="json")}
+
+    port = benchlib.free_port()
+    dirs = {"VLLM_RPC_BASE_PATH": workdir / "run", "TMPDIR": workdir / "tmp"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = benchlib.clean_env({k: str(v) for k, v in dirs.items()})
+    env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+    cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
+    print(f"profile {profile}; starting: {' '.join(cmd)}", flush=True)
+    server = benchlib.start_server("gateway", cmd, workdir / "gateway.log", port, env)
+    try:
+        start_s = server.wait_ready("/ready", max(1.0, t_end - time.monotonic() - a.min_left_s / 2))
+        print(f"[gateway] ready in {start_s:.1f}s", flush=True)
+        common["gateway_start_s"] = round(start_s, 1)
+        asyncio.run(drive(a, server.base_url, settings.served_model_name, a.out, t_end, common))
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[gateway] failed: {str(exc)[:3000]}", flush=True)
+    finally:
+        server.stop(grace_s=30)
+    recs = [r for r in benchlib.load_jsonl([a.out]) if r.get("run_id") == run_id]
+    print(table(recs), flush=True)
+    if a.doc:
+        meta = {"label": common["label"], "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+                "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+                "loadavg_at_end": list(os.getloadavg())}
+        print(f"wrote {benchlib.write_doc(a.doc, meta, recs)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

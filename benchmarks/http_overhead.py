@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""What the HTTP layer costs (issue 9, part 2): one engine profile served three ways, one after
+another on the same machine, each in a fresh process tree with the same engine settings:
+
+- `inproc`:  vLLM's AsyncLLM in a child process, no HTTP: the same closed loop as `loadtest`
+             (c workers, streaming DELTA outputs, same prompts, same sampling), timed per request;
+- `gateway`: `python -m server serve` on loopback, driven by `python -m loadtest run`;
+- `vllm`:    `vllm serve` (python -m vllm.entrypoints.openai.api_server) with the engine flags
+             the gateway passes to AsyncEngineArgs, driven by the *identical* loadtest command.
+
+All three start from one effective profile (--config plus the benchmark's overrides, written to
+WORKDIR/profile.yaml): the gateway reads that file, the other two get `engine_args_kwargs()` of
+it. Prompts are random token ids (exact lengths, `loadtest --vocab-size`, the same seed per
+concurrency in every way), outputs have a fixed length (`ignore_eos`), temperature 0, streaming.
+On the GPU the model is Gemma 4 E2B's text config with dummy weights plus a synthetic byte-level
+tokenizer (benchmarks/synth_tokenizer.py): the gateway needs a tokenizer (it cannot start with
+`skip_tokenizer_init`), so every way detokenizes, as a real deployment does.
+
+One JSON line per (way, concurrency) is appended to --out as soon as it is measured; a deadline
+stops the run before the device's 10-minute limit.
+
+    # GPU (vLLM 0.26 on PYTHONPATH, see benchmarks/gpu/part2.sh)
+    python3 benchmarks/http_overhead.py --deadline-s 540 --out $OUT/part2.jsonl --workdir $OUT/work
+    # CPU smoke with the embedded model
+    .venv/bin/python benchmarks/http_overhead.py --device cpu --concurrency 1,4 --requests 8 \
+        --input-tokens 64 --output-tokens 16 --out /tmp/smoke.jsonl
+    # a markdown table (and the goal check) from result files
+    python3 benchmarks/http_overhead.py --table benchmarks/results/2026-11-29-cpu-http-overhead-smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+from benchlib import ROOT  # noqa: E402
+
+WAYS = ("inproc", "gateway", "vllm")
+WAY_LABEL = {"inproc": "in-process AsyncLLM", "gateway": "gateway (loadtest)", "vllm": "vllm serve (loadtest)"}
+# Goals from issue 9 part 2
+GOAL_VS_INPROC = 0.97
+GOAL_VS_VLLM = 1.00
+GOAL_TTFT_P50_MS = 2.0
+
+
+def requests_for(concurrency: int, fixed: int | None) -> int:
+    """Requests per timed run: --requests, else 2 waves (at least 16)."""
+    return fixed if fixed else max(16, 2 * concurrency)
+
+
+def seed_for(base: int, concurrency: int) -> int:
+    # a different prompt set per concurrency, so prefix caching (where on) never hits between runs;
+    # loadtest's warm-up uses seed + 1
+    return base + 1000 * concurrency
+
+
+def loadtest_cmd(base_url: str, model: str, concurrency: int, requests: int, warmup: int,
+                 input_tokens: int, output_tokens: int, vocab_size: int, seed: int, out: Path) -> list[str]:
+    """The one loadtest command both HTTP servers get (only --base-url and --out differ)."""
+    return [sys.executable, "-m", "loadtest", "run", "--base-url", base_url, "--model", model,
+            "--concurrency", str(concurrency), "-n", str(requests), "--warmup", str(warmup),
+            "--input-len", str(input_tokens), "--output-len", str(output_tokens),
+            "--vocab-size", str(vocab_size), "--ignore-eos", "--temperature", "0",
+            "--seed", str(seed), "--timeout", "600", "--no-progress", "--out", str(out)]
+
+
+def vllm_serve_cmd(kwargs: dict[str, Any], port: int) -> list[str]:
+    """`vllm serve` with the AsyncEngineArgs the gateway would pass (same names, kebab-case)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+    for key, value in kwargs.items():
+        if key in ("enable_log_requests", "disable_log_stats"):
+            continue  # the server's defaults already match (request logging off, stats on)
+        flag = "--" + key.replace("_", "-")
+        if key == "served_model_name":
+            cmd += [flag, *[str(v) for v in value]]
+        elif isinstance(value, bool):
+            cmd.append(flag if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (dict, list)):
+            cmd += [flag, json.dumps(value)]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One measurement, flat, from a loadtest-style summary (loadtest.metrics.summarize)."""
+    def q(name: str, key: str) -> float | None:
+        v = (summary.get(name) or {}).get(key)
+        return None if v is None or v != v else round(float(v), 3)
+
+    rec = {
+        "bench": "http_overhead", "way": way, "concurrency": concurrency,
+        "completed": summary.get("completed"), "failed": summary.get("failed"),
+        "duration_s": round(summary.get("duration_s") or 0.0, 4),
+        "request_throughput": round(summary.get("request_throughput") or 0.0, 4),
+        "output_token_throughput": round(summary.get("output_token_throughput") or 0.0, 2),
+        "total_token_throughput": round(summary.get("total_token_throughput") or 0.0, 2),
+        "total_input_tokens": summary.get("total_input_tokens"),
+        "total_output_tokens": summary.get("total_output_tokens"),
+        "ttft_p50_ms": q("ttft_ms", "median"), "ttft_p99_ms": q("ttft_ms", "p99"),
+        "tpot_p50_ms": q("tpot_ms", "median"), "tpot_p99_ms": q("tpot_ms", "p99"),
+        "itl_p50_ms": q("itl_ms", "median"), "itl_p99_ms": q("itl_ms", "p99"),
+        "e2e_p50_ms": q("e2e_ms", "median"), "send_lag_p99_ms": q("send_lag_ms", "p99"),
+        "errors": summary.get("errors") or {},
+        "time": benchlib.now_utc(),
+    }
+    rec.update(extra)
+    return rec
+
+
+# ------------------------------------------------------------------------- table / goal check
+def _by_key(recs: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in recs:
+        if r.get("bench", "http_overhead") == "http_overhead" and "way" in r:
+            out[(r["way"], int(r["concurrency"]))] = r  # a later line of the same cell wins
+    return out
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or not b:
+        return None
+    return a / b
+
+
+def goal_check(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per concurrency: gateway vs in-process and vs vllm serve against the issue's goals."""
+    cells = _by_key(recs)
+    out = []
+    for c in sorted({c for (_, c) in cells}):
+        gw, ip, vl = cells.get(("gateway", c)), cells.get(("inproc", c)), cells.get(("vllm", c))
+        if gw is None:
+            continue
+        row: dict[str, Any] = {"concurrency": c}
+        checks: list[bool] = []
+        if ip is not None:
+            row["req_vs_inproc"] = ratio(gw["request_throughput"], ip["request_throughput"])
+            row["tok_vs_inproc"] = ratio(gw["output_token_throughput"], ip["output_token_throughput"])
+            checks.append(min(row["req_vs_inproc"] or 0, row["tok_vs_inproc"] or 0) >= GOAL_VS_INPROC)
+        if vl is not None:
+            row["req_vs_vllm"] = ratio(gw["request_throughput"], vl["request_throughput"])
+            row["tok_vs_vllm"] = ratio(gw["output_token_throughput"], vl["output_token_throughput"])
+            checks.append(min(row["req_vs_vllm"] or 0, row["tok_vs_vllm"] or 0) >= GOAL_VS_VLLM)
+            if gw.get("ttft_p50_ms") is not None and vl.get("ttft_p50_ms") is not None:
+                row["ttft_p50_delta_ms"] = gw["ttft_p50_ms"] - vl["ttft_p50_ms"]
+                checks.append(row["ttft_p50_delta_ms"] <= GOAL_TTFT_P50_MS)
+        failed = sum(int((cells.get((w, c)) or {}).get("failed") or 0) for w in WAYS)
+        row["failed"] = failed
+        row["meets_goals"] = bool(checks) and all(checks) and failed == 0
+        row["complete"] = ip is not None and vl is not None
+        out.append(row)
+    return out
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    cells = _by_key(recs)
+    conc = sorted({c for (_, c) in cells})
+    f = benchlib.fmt_num
+    lines = ["| concurrency | way | req/s | out tok/s | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "
+             "out tok/s vs in-process | vs vllm serve | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in conc:
+        ip, vl = cells.get(("inproc", c)), cells.get(("vllm", c))
+        for way in WAYS:
+            r = cells.get((way, c))
+            if r is None:
+                continue
+            tok = r["output_token_throughput"]
+            vs_ip = ratio(tok, ip["output_token_throughput"]) if ip and way != "inproc" else None
+            vs_vl = ratio(tok, vl["output_token_throughput"]) if vl and way != "vllm" else None
+            lines.append(
+                f"| {c} | {WAY_LABEL.get(way, way)} | {f(r['request_throughput'])} | {f(tok)} | "
+                f"{f(r.get('ttft_p50_ms'))} / {f(r.get('ttft_p99_ms'))} | "
+                f"{f(r.get('tpot_p50_ms'))} / {f(r.get('tpot_p99_ms'))} | "
+                f"{'-' if vs_ip is None else f'{vs_ip:.3f}x'} | {'-' if vs_vl is None else f'{vs_vl:.3f}x'} | "
+                f"{r.get('failed', 0)} |")
+    checks = goal_check(recs)
+    if checks:
+        lines.append("")
+        lines.append(f"Goals (gateway >= {GOAL_VS_INPROC:.2f}x in-process and >= {GOAL_VS_VLLM:.2f}x "
+                     f"vllm serve on req/s and out tok/s, p50 TTFT <= vllm serve + {GOAL_TTFT_P50_MS:g} ms):")
+        for row in checks:
+            parts = []
+            for key, label in (("req_vs_inproc", "req/s vs in-process"), ("tok_vs_inproc", "tok/s vs in-process"),
+                               ("req_vs_vllm", "req/s vs vllm"), ("tok_vs_vllm", "tok/s vs vllm")):
+                if row.get(key) is not None:
+                    parts.append(f"{label} {row[key]:.3f}x")
+            if row.get("ttft_p50_delta_ms") is not None:
+                parts.append(f"p50 TTFT {row['ttft_p50_delta_ms']:+.1f} ms vs vllm")
+            verdict = "meets" if row["meets_goals"] else "misses"
+            if not row["complete"]:
+                verdict += " (incomplete: a way is missing)"
+            lines.append(f"- concurrency {row['concurrency']}: {verdict}; " + ", ".join(parts)
+                         + f"; failed {row['failed']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- in-process child
+def inproc_child(a: argparse.Namespace) -> None:
+    """AsyncLLM in this process: the loadtest closed loop without HTTP; writes result lines."""
+    import asyncio
+
+    from loadtest.metrics import summarize
+    from loadtest.records import RequestRecord
+    from loadtest.workloads import RandomWorkload, random_specs
+    from server.engine import engine_args_kwargs, prepare_engine_environment
+    from server.settings import load_settings
+
+    settings = load_settings(a.profile)
+    prepare_engine_environment(settings)
+    kwargs = engine_args_kwargs(settings)
+    deadline = float(a.deadline_at)
+    t0 = time.monotonic()
+
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), usage_context=UsageContext.OPENAI_API_SERVER)
+    start_s = time.monotonic() - t0
+    print(f"[inproc] engine up in {start_s:.1f}s (vLLM {vllm.__version__})", flush=True)
+
+    def sampling(max_tokens: int) -> SamplingParams:
+        # what the gateway builds for the loadtest body (temperature 0, ignore_eos, stream)
+        return SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                              skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
+
+    async def one(prompt: list[int], max_tokens: int, rec: RequestRecord, clock_zero: float, rid: str) -> None:
+        start = time.perf_counter()
+        rec.sent_s = start - clock_zero
+        last = start
+        n_out = 0
+        try:
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), sampling(max_tokens), rid):
+                now = time.perf_counter()
+                toks = len(out.outputs[0].token_ids) if out.outputs else 0
+                if toks:
+                    if rec.ttft_s is None:
+                        rec.ttft_s = now - start
+                    else:
+                        rec.itl_s.append(now - last)
+                    last = now
+                    rec.chunks += 1
+                    n_out += toks
+            rec.status = 200
+        except Exception as exc:  # a failure is a record, as in loadtest
+            rec.error = repr(exc)[:300]
+        rec.latency_s = time.perf_counter() - start
+        rec.prompt_tokens = len(prompt)
+        rec.completion_tokens = n_out
+
+    async def closed_loop(specs, width: int, count: int, tag: str):  # noqa: ANN001, ANN202
+        clock_zero = time.perf_counter()
+        records: list[RequestRecord] = []
+        counter = iter(range(10**9))
+
+        async def worker() -> None:
+            while True:
+                i = next(counter)
+                if i >= count:
+                    return
+                rec = RequestRecord(index=i, scheduled_s=time.perf_counter() - clock_zero)
+                spec = specs[i % len(specs)]
+                rec.input_tokens_requested, rec.max_tokens = spec.input_tokens, spec.max_tokens
+                await one(list(spec.prompt), spec.max_tokens, rec, clock_zero, f"{tag}-{i}")
+                records.append(rec)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(width, count)))))
+        records.sort(key=lambda r: r.index)
+        duration = max((r.sent_s + (r.latency_s or 0.0) for r in records), default=0.0)
+        return records, duration
+
+    async def main() -> None:
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            if time.time() > deadline - a.min_left_s / 4:
+                print(f"[inproc] c={c} skipped: deadline", flush=True)
+                break
+            n = requests_for(c, a.requests)
+            wl = RandomWorkload(input_len=a.input_tokens, output_len=a.output_tokens, vocab_size=a.vocab_size)
+            seed = seed_for(a.seed, c)
+            warm = random_specs(wl, c, seed + 1)  # loadtest's --warmup c uses seed + 1 too
+            specs = random_specs(wl, n, seed)
+            await closed_loop(warm, c, len(warm), f"w{c}")
+            records, duration = await closed_loop(specs, c, n, f"r{c}")
+            rec = result_line("inproc", c, summarize(records, duration), requests=n, warmup=c,
+                              engine_start_s=round(start_s, 1), vllm=vllm.__version__, **json.loads(a.meta))
+            benchlib.append_jsonl(Path(a.out), rec)
+            print(f"[inproc] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
+                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms", flush=True)
+
+    asyncio.run(main())
+    sys.stdout.flush()
+    os._exit(0)  # skip engine teardown: the parent ends the process group
+
+
+# --------------------------------------------------------------------------------------- parent
+def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workdir: Path,  # noqa: ANN001
+                 t_end: float, meta: dict[str, Any]) -> None:
+    from server.engine import engine_args_kwargs
+
+    port = benchlib.free_port()
+    dirs = {"VLLM_RPC_BASE_PATH": workdir / f"{way}-run", "TMPDIR": workdir / f"{way}-tmp"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    env = benchlib.clean_env({**settings.engine.env, **{k: str(v) for k, v in dirs.items()}})
+    env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+    if way == "gateway":
+        cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
+        ready_path = "/ready"
+    else:
+        cmd = vllm_serve_cmd(engine_args_kwargs(settings), port)
+        ready_path = "/health"
+    log = workdir / f"{way}.log"
+    print(f"[{way}] starting: {' '.join(cmd)}", flush=True)
+    server = benchlib.start_server(way, cmd, log, port, env)
+    try:
+        start_s = server.wait_ready(ready_path, max(1.0, t_end - time.monotonic()))
+        print(f"[{way}] ready in {start_s:.1f}s", flush=True)
+        for c in [int(x) for x in a.concurrency.split(",")]:
+            left = t_end - time.monotonic()
+            if left < a.min_left_s / 4:
+                print(f"[{way}] c={c} skipped: {left:.0f}s left", flush=True)
+                break
+            n = requests_for(c, a.requests)
+            raw = workdir / f"{way}-c{c}.json"
+            cmd_lt = loadtest_cmd(server.base_url, settings.served_model_name, c, n, c, a.input_tokens,
+                                  a.output_tokens, a.vocab_size, seed_for(a.seed, c), raw)
+            with (workdir / f"{way}-loadtest.log").open("a") as lf:
+                lf.write(f"\n==== {' '.join(cmd_lt)}\n")
+                lf.flush()
+                try:
+                    subprocess.run(cmd_lt, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT,
+                                   env=benchlib.clean_env(), timeout=max(1.0, t_end - time.monotonic()),
+                                   check=True)
+                except subprocess.TimeoutExpired:
+                    print(f"[{way}] c={c}: loadtest stopped at the deadline", flush=True)
+                    break
+                except subprocess.CalledProcessError as exc:
+                    print(f"[{way}] c={c}: loadtest exited {exc.returncode} (see {lf.name})", flush=True)
+                    continue
+            summary = json.loads(raw.read_text())["runs"][0]["summary"]
+            shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]
+            shown[shown.index("--out") + 1] = "$RAW.json"
+            shown[0] = "python"
+            rec = result_line(way, c, summary, requests=n, warmup=c, engine_start_s=round(start_s, 1),
+                              loadtest_cmd=" ".join(shown), raw=raw.name, **meta)
+            benchlib.append_jsonl(a.out, rec)
+            print(f"[{way}] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
+                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms, "
+                  f"failed {rec['failed']}", flush=True)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[{way}] failed: {str(exc)[:3000]}", flush=True)
+    finally:
+        server.stop(grace_s=30)
+        if a.device == "gpu":
+            benchlib.wait_gpu_free()
+
+
+def run_inproc_way(a: argparse.Namespace, profile: Path, workdir: Path, t_end: float, meta: dict[str, Any]) -> None:
+    env = benchlib.clean_env({"VLLM_RPC_BASE_PATH": str(workdir / "inproc-run"), "TMPDIR": str(workdir / "inproc-tmp")})
+    for key in ("VLLM_RPC_BASE_PATH", "TMPDIR"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+    cmd = [sys.executable, __file__, "--child-inproc", "--profile", str(profile), "--out", str(a.out),
+           "--concurrency", a.concurrency, "--input-tokens", str(a.input_tokens),
+           "--output-tokens", str(a.output_tokens), "--vocab-size", str(a.vocab_size), "--seed", str(a.seed),
+           "--deadline-at", str(time.time() + (t_end - time.monotonic())), "--min-left-s", str(a.min_left_s),
+           "--meta", json.dumps(meta)] + (["--requests", str(a.requests)] if a.requests else [])
+    log = workdir / "inproc.log"
+    print("[inproc] starting the AsyncLLM child", flush=True)
+    with log.open("ab") as lf:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        rc: int | str = proc.wait(timeout=max(1.0, t_end - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        rc = "deadline"
+    benchlib.stop_group(proc, grace_s=1)
+    if a.device == "gpu":
+        benchlib.wait_gpu_free()
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("[inproc]") or "Error" in line[:200]:
+            print(line[:400], flush=True)
+    print(f"[inproc] exit {rc}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
+    ap.add_argument("--config", type=Path, help="gateway profile (default: configs/gemma4-e2b-h200.yaml "
+                    "on gpu, configs/embedded-cpu.yaml on cpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="profile override, e.g. engine.max_num_seqs=256 (repeatable)")
+    ap.add_argument("--ways", default=",".join(WAYS), help="which ways, in order")
+    ap.add_argument("--concurrency", default="1,32,256")
+    ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2 x concurrency, >= 16)")
+    ap.add_argument("--input-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--vocab-size", type=int, default=None, help="prompt ids in [0, N) (default: the model's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-id", default=None, help="tag of this run's lines (several invocations, e.g. one "
+                    "way each, can share one; --doc collects the lines with this tag)")
+    ap.add_argument("--label", default=None, help="free text stored in every line (e.g. 'CPU smoke')")
+    ap.add_argument("--out", type=Path, default=Path("http_overhead.jsonl"))
+    ap.add_argument("--workdir", type=Path, default=None, help="profile, logs, raw loadtest files")
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--min-left-s", type=float, default=90.0, help="do not start a way with less left")
+    ap.add_argument("--doc", type=Path, default=None,
+                    help="also write {meta, results} of this run's lines here (for benchmarks/results/)")
+    ap.add_argument("--table", nargs="*", type=Path, help="print the table from result files and exit")
+    ap.add_argument("--child-inproc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline-at", help=argparse.SUPPRESS)
+    ap.add_argument("--meta", default="{}", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    if a.table is not None:
+        print(table(benchlib.load_jsonl(a.table)))
+        return
+    if a.child_inproc:
+        inproc_child(a)
+        return
+
+    t_end = time.monotonic() + a.deadline_s
+    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="http-overhead-"))).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    a.out = a.out.resolve()
+    config = a.config or (benchlib.GPU_CONFIG if a.device == "gpu" else benchlib.CPU_CONFIG)
+    synth = None
+    if a.device == "gpu":
+        import synth_tokenizer
+
+        synth = synth_tokenizer.build(workdir / "gemma-4-e2b-synth")
+    overrides = benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), benchlib.parse_set(a.set))
+    settings = benchlib.effective_settings(config, overrides)
+    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
+    if a.vocab_size is None:
+        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    from server.engine import engine_args_kwargs
+
+    meta = {"run_id": a.run_id or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}", "label": a.label or f"{a.device} run", "device": a.device, "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
+            "overrides": overrides.get("engine", {}), "input_tokens": a.input_tokens,
+            "output_tokens": a.output_tokens, "vocab_size": a.vocab_size,
+            "prompts": "token ids (loadtest --vocab-size), same seed per concurrency in every way",
+            "tokenizer": "synthetic byte-level BPE (synth_tokenizer.py)" if a.device == "gpu" else "model's own",
+            "engine_args": {k: v for k, v in engine_args_kwargs(settings).items() if k != "model"}}
+    print(f"profile {profile} (from {config}); workdir {workdir}; out {a.out}", flush=True)
+    for way in a.ways.split(","):
+        left = t_end - time.monotonic()
+        if left < a.min_left_s:
+            print(f"[{way}] skipped: {left:.0f}s left", flush=True)
+            continue
+        t = time.monotonic()
+        if way == "inproc":
+            run_inproc_way(a, profile, workdir, t_end, meta)
+        elif way in ("gateway", "vllm"):
+            run_http_way(way, a, settings, profile, workdir, t_end, meta)
+        else:
+            raise SystemExit(f"unknown way {way!r} (ways: {', '.join(WAYS)})")
+        print(f"[{way}] done after {time.monotonic() - t:.0f}s", flush=True)
+    recs = benchlib.load_jsonl([a.out])
+    print(table(recs), flush=True)
+    if a.doc:
+        mine = [r for r in recs if r.get("run_id") == meta["run_id"]]
+        doc_meta = {"label": meta["label"], "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+                    "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+                    "loadavg_at_end": list(os.getloadavg()), "goal_check": goal_check(mine)}
+        print(f"wrote {benchlib.write_doc(a.doc, doc_meta, mine)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""CPU smoke runs of the two HTTP benchmarks with the embedded model (slow: engines start)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import benchlib  # noqa: E402
+
+
+@pytest.mark.slow
+def test_http_overhead_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "smoke.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "http_overhead.py"), "--device", "cpu",
+         "--concurrency", "1,2", "--requests", "4", "--input-tokens", "32", "--output-tokens", "8",
+         "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480", "--min-left-s", "20"],
+        cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recs = benchlib.load_jsonl([out])
+    cells = {(r["way"], r["concurrency"]) for r in recs}
+    assert cells == {(w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 2)}, proc.stdout[-4000:]
+    for r in recs:
+        assert r["failed"] == 0 and r["completed"] == 4, r
+        assert r["total_output_tokens"] == 4 * 8, r  # ignore_eos: fixed output length everywhere
+        assert r["ttft_p50_ms"] > 0 and r["request_throughput"] > 0
+    assert "| 2 | gateway (loadtest) |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_reload_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "reload.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_reload.py"), "--device", "cpu",
+         "--concurrency", "2", "--output-tokens", "8", "--baseline-s", "4", "--settle-s", "3",
+         "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480"],
+        cwd=ROOT, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recs = benchlib.load_jsonl([out])
+    reloads = [r for r in recs if r["kind"] == "reload"]
+    assert [r["strategy"] for r in reloads] == ["drain-swap", "blue-green"], proc.stdout[-4000:]
+    for r in reloads:
+        assert r["http_status"] == 200 and r["server"]["outcome"] == "success", r
+        assert r["window"]["requests"] > 0
+    run = [r for r in recs if r["kind"] == "run"][0]
+    assert run["requests"] > 0 and run["failed"] == 0, json.dumps(run)

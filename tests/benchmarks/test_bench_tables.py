@@ -1,0 +1,160 @@
+"""Fast tests (no engine) of the HTTP-overhead and reload benchmarks' aggregation and tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import benchlib  # noqa: E402
+import gpu_reload  # noqa: E402
+import http_overhead as ho  # noqa: E402
+
+
+def _summary(req_s: float, tok_s: float, ttft50: float, ttft99: float = 0.0, failed: int = 0) -> dict:
+    return {"completed": 10, "failed": failed, "duration_s": 1.0, "request_throughput": req_s,
+            "output_token_throughput": tok_s, "total_token_throughput": tok_s * 3,
+            "ttft_ms": {"median": ttft50, "p99": ttft99 or ttft50 * 2},
+            "tpot_ms": {"median": 5.0, "p99": float("nan")}, "itl_ms": {}, "e2e_ms": {}, "send_lag_ms": {}}
+
+
+def _recs(gw_tok: float, gw_ttft: float = 20.0) -> list[dict]:
+    return [ho.result_line("inproc", 32, _summary(10.0, 1000.0, 18.0)),
+            ho.result_line("gateway", 32, _summary(gw_tok / 100, gw_tok, gw_ttft)),
+            ho.result_line("vllm", 32, _summary(9.5, 950.0, 19.0))]
+
+
+def test_result_line_flattens_percentiles_and_drops_nan() -> None:
+    rec = ho.result_line("gateway", 4, _summary(2.0, 200.0, 10.0, 30.0), requests=8)
+    assert rec["ttft_p50_ms"] == 10.0 and rec["ttft_p99_ms"] == 30.0
+    assert rec["tpot_p50_ms"] == 5.0 and rec["tpot_p99_ms"] is None  # NaN is not JSON
+    assert rec["itl_p50_ms"] is None and rec["requests"] == 8
+    json.dumps(rec, allow_nan=False)
+
+
+def test_goal_check_meets_and_misses() -> None:
+    row = ho.goal_check(_recs(gw_tok=990.0))[0]
+    assert row["concurrency"] == 32 and row["complete"]
+    assert abs(row["tok_vs_inproc"] - 0.99) < 1e-9 and row["tok_vs_vllm"] > 1.0
+    assert abs(row["ttft_p50_delta_ms"] - 1.0) < 1e-9
+    assert row["meets_goals"]
+    assert not ho.goal_check(_recs(gw_tok=960.0))[0]["meets_goals"]  # 0.96x in-process
+    assert not ho.goal_check(_recs(gw_tok=990.0, gw_ttft=21.5))[0]["meets_goals"]  # +2.5 ms TTFT
+    assert not ho.goal_check(_recs(gw_tok=940.0))[0]["meets_goals"]  # below vllm serve too
+
+
+def test_goal_check_incomplete_and_failures() -> None:
+    recs = _recs(gw_tok=990.0)
+    assert not ho.goal_check(recs[:2])[0]["complete"]
+    recs[2]["failed"] = 1
+    assert not ho.goal_check(recs)[0]["meets_goals"]
+
+
+def test_table_rows_ratios_and_later_lines_win() -> None:
+    recs = _recs(gw_tok=990.0) + [ho.result_line("inproc", 1, _summary(3.0, 300.0, 4.0))]
+    recs.append(ho.result_line("gateway", 32, _summary(9.0, 900.0, 20.0)))  # a re-run of the cell
+    text = ho.table(recs)
+    lines = text.splitlines()
+    assert lines[0].startswith("| concurrency | way |")
+    body = [ln for ln in lines if ln.startswith("| 32 |")]
+    assert [ln.split("|")[2].strip() for ln in body] == [ho.WAY_LABEL[w] for w in ho.WAYS]
+    assert "0.900x" in body[1] and "0.947x" in body[1]  # 900 / 1000 and 900 / 950
+    assert any(ln.startswith("| 1 | in-process") for ln in lines)
+    assert "- concurrency 32: misses" in text
+
+
+def test_loadtest_command_identical_for_both_servers(tmp_path: Path) -> None:
+    a = ho.loadtest_cmd("http://127.0.0.1:1", "m", 32, 64, 32, 512, 256, 262144, 32000, tmp_path / "a.json")
+    b = ho.loadtest_cmd("http://127.0.0.1:2", "m", 32, 64, 32, 512, 256, 262144, 32000, tmp_path / "b.json")
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b) and len(diff) == 2  # base URL and output file only
+    assert "--ignore-eos" in a and a[a.index("--vocab-size") + 1] == "262144"
+    assert ho.requests_for(1, None) == 16 and ho.requests_for(256, None) == 512 and ho.requests_for(4, 8) == 8
+    assert ho.seed_for(0, 1) != ho.seed_for(0, 32)
+
+
+def test_vllm_serve_cmd_from_engine_kwargs() -> None:
+    cmd = ho.vllm_serve_cmd({"model": "/m", "served_model_name": ["g"], "enforce_eager": False,
+                             "enable_prefix_caching": True, "max_num_seqs": 1024,
+                             "compilation_config": {"cudagraph_mode": "PIECEWISE"},
+                             "enable_log_requests": False, "disable_log_stats": False}, 8001)
+    assert cmd[cmd.index("--served-model-name") + 1] == "g"
+    assert "--no-enforce-eager" in cmd and "--enable-prefix-caching" in cmd
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "1024"
+    assert json.loads(cmd[cmd.index("--compilation-config") + 1]) == {"cudagraph_mode": "PIECEWISE"}
+    assert not any("log-requests" in x or "log-stats" in x for x in cmd)
+
+
+def test_settings_overrides_and_profile_file(tmp_path: Path) -> None:
+    synth = tmp_path / "synth"
+    over = benchlib.deep_merge(benchlib.device_overrides("gpu", tmp_path, synth),
+                               benchlib.parse_set(["engine.gpu_memory_utilization=0.45"]))
+    settings = benchlib.effective_settings(benchlib.GPU_CONFIG, over)
+    assert settings.engine.load_format == "dummy" and settings.model_path() == str(synth)
+    assert settings.engine.gpu_memory_utilization == 0.45
+    assert settings.engine.kv_sharing_fast_prefill and settings.engine.max_num_batched_tokens == 32768
+    profile = benchlib.write_settings(settings, tmp_path / "p.yaml")
+    from server.settings import load_settings
+
+    assert load_settings(profile).model_dump() == settings.model_dump()
+
+
+def test_load_jsonl_reads_lines_and_documents(tmp_path: Path) -> None:
+    lines = tmp_path / "a.jsonl"
+    lines.write_text('{"x": 1}\n{"x": 2}\n')
+    doc = benchlib.write_doc(tmp_path / "b.json", {"label": "t"}, [{"x": 3}])
+    assert [r["x"] for r in benchlib.load_jsonl([lines, doc, tmp_path / "missing"])] == [1, 2, 3]
+
+
+def _req(sent: float, lat: float, ttft: float, ok: bool = True) -> dict:
+    return {"sent_s": sent, "latency_s": lat, "ttft_s": ttft if ok else None, "ok": ok,
+            "error": None if ok else "HTTP 503: reloading", "status": 200 if ok else 503}
+
+
+def test_reload_window_and_baseline() -> None:
+    reqs = [_req(0.0, 1.0, 0.1), _req(1.0, 1.0, 0.2),          # baseline (end before 5.0)
+            _req(4.5, 1.0, 0.1),                                # in flight when the reload starts
+            _req(6.0, 20.0, 19.0),                              # queued behind the reload
+            _req(7.0, 0.5, 0.5, ok=False),                      # refused during the reload
+            _req(30.0, 1.0, 0.1)]                               # after it
+    win = gpu_reload.window_stats(reqs, 5.0, 25.0)
+    assert win["requests"] == 3 and win["sent_during"] == 2 and win["failed"] == 1
+    assert win["max_ttft_ms"] == 19000.0 and win["max_e2e_ms"] == 20000.0
+    assert win["errors"] == {"HTTP 503: reloading": 1}
+    base = gpu_reload.baseline_stats(reqs, 5.0)
+    assert base["requests"] == 2 and base["max_ttft_ms"] == 200.0 and base["failed"] == 0
+
+
+def test_reload_table() -> None:
+    recs = [{"bench": "gpu_reload", "kind": "reload", "strategy": "blue-green", "http_status": 200,
+             "server": {"outcome": "success", "duration_s": 61.2, "queued": 0, "aborted": 0,
+                        "max_queue_wait_s": 0.0},
+             "client_duration_s": 61.3, "window": {"requests": 100, "failed": 0, "max_ttft_ms": 80.0,
+                                                   "max_e2e_ms": 2000.0},
+             "baseline": {"p50_ttft_ms": 30.0, "max_ttft_ms": 50.0}},
+            {"bench": "gpu_reload", "kind": "run", "requests": 500, "failed": 0, "errors": {},
+             "max_ttft_ms": 80.0, "max_e2e_ms": 2000.0, "gateway_start_s": 70.0, "label": "t"},
+            {"bench": "http_overhead", "way": "gateway"}]
+    text = gpu_reload.table(recs)
+    row = [ln for ln in text.splitlines() if ln.startswith("| blue-green")][0]
+    assert "| success | 61.2 | 61.3 | 100 | 0 | 0 / 0 |" in row
+    assert "Whole run (t): 500 requests, 0 failed" in text
+
+
+def test_synthetic_tokenizer(tmp_path: Path) -> None:
+    import synth_tokenizer
+
+    vocab = synth_tokenizer.synthetic_vocab(20000)
+    assert len(vocab) == 20000 and vocab["<eos>"] == 1 and vocab["<bos>"] == 2
+    assert sorted(vocab.values()) == list(range(20000))
+    out = synth_tokenizer.build(tmp_path / "m", vocab_size=20000)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.get_vocab_size() == 20000
+    text = tok.decode([300, 301, 15000])
+    assert text and text.isascii() and "\ufffd" not in text
+    assert (out / "config.json").is_file()
