@@ -11,6 +11,7 @@ never during one of these tests, so a delta measured inside one test is exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -173,25 +174,26 @@ class Prometheus:
     proc: subprocess.Popen[bytes]
     log_path: Path
 
-    def query(self, expr: str) -> list[dict]:
-        r = httpx.get(self.url + "/api/v1/query", params={"query": expr}, timeout=120)
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        r = httpx.get(self.url + "/api/v1/query", params=params, timeout=120)
         assert r.headers.get("content-type", "").startswith("application/json"), f"{expr}: {r.status_code} {r.text[:200]}"
         body = r.json()
         assert body.get("status") == "success", f"{expr}: {body}"
         return body["data"]["result"]
 
 
-@pytest.fixture(scope="module")
-def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def running_prometheus(tmp: Path, targets: list[str]) -> Iterator[Prometheus]:
+    """Debian's Prometheus with the shipped config and rules, scraping `targets` every SCRAPE,
+    once it has scraped all of them at least once."""
     exe = shutil.which("prometheus")
     assert exe, "prometheus is missing: .ci/run installs the Debian package `prometheus`"
-    tmp = tmp_path_factory.mktemp("prometheus")
     config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
     config["global"].update(scrape_interval=SCRAPE, evaluation_interval=SCRAPE)
     job = next(j for j in config["scrape_configs"] if j["job_name"] == "llm-gateway")
     job.update(scrape_interval=SCRAPE, scrape_timeout=SCRAPE)
-    target = urllib.parse.urlsplit(gateway.base_url).netloc
-    job["static_configs"] = [{"targets": [target], "labels": {"service": "llm-gateway"}}]
+    job["static_configs"] = [{"targets": targets, "labels": {"service": "llm-gateway"}}]
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     shutil.copy(PROM_DIR / "alerts.yml", tmp / "alerts.yml")
     port = free_port()
@@ -211,11 +213,12 @@ def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pr
                 # Prometheus answers 503 "Service Unavailable" (plain text) until its TSDB is open.
                 if httpx.get(prom.url + "/-/ready", timeout=10).status_code != 200:
                     return False
-                return any(s["value"][1] == "1" for s in prom.query('up{job="llm-gateway"}'))
+                live = {s["metric"]["instance"] for s in prom.query('up{job="llm-gateway"} == 1')}
+                return live >= set(targets)
             except (httpx.HTTPError, ValueError, AssertionError):
                 return False
 
-        assert wait_for(up, timeout=120), f"prometheus never scraped the gateway:\n{log_path.read_text()[-4000:]}"
+        assert wait_for(up, timeout=120), f"prometheus never scraped {targets}:\n{log_path.read_text()[-4000:]}"
         yield prom
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -224,6 +227,13 @@ def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pr
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:  # type: ignore[no-untyped-def]
+    target = urllib.parse.urlsplit(gateway.base_url).netloc
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), [target]) as prom:
+        yield prom
 
 
 @pytest.fixture(scope="module")
@@ -534,3 +544,64 @@ def test_dashboard_renders_from_prometheus(loaded: Prometheus, tmp_path: Path) -
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     blank = [title for title, n in drawn.items() if n == 0 and "reload" not in title.lower()]
     assert not blank, f"panels drawn without data: {blank}"
+
+
+def promql_regex(literal: str) -> str:
+    """`literal` as a regex inside a PromQL string, as Grafana writes one selected value."""
+    return re.escape(literal).replace("\\", "\\\\")
+
+
+def test_two_instances_are_scraped_and_split_by_instance(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """One Prometheus scraping two gateway instances (the one-gateway-per-GPU layout): the
+    dashboard's `$instance` variable lists both, its per-instance panels split them, "All" sums
+    them, and selecting one instance keeps only its series."""
+    from tests.conftest import start_gateway
+
+    (tmp_path / "second").mkdir()
+    second = start_gateway(tmp_path / "second")
+    try:
+        instances = [urllib.parse.urlsplit(s.base_url).netloc for s in (gateway, second)]
+        for server in (gateway, second):  # the series exist before the first scrape (increase() needs that)
+            assert complete(server.base_url, prompt="Warm-up:", max_tokens=2).status_code == 200
+        (tmp_path / "prom").mkdir()
+        with running_prometheus(tmp_path / "prom", instances) as prom:
+            sent = {}
+            for server, n in ((gateway, 2), (second, 3)):
+                for i in range(n):
+                    assert complete(server.base_url, prompt=f"Instance load {i}:", max_tokens=4).status_code == 200
+                assert stream_complete(server.base_url, prompt="Streamed:", max_tokens=4, ignore_eos=True)
+                sent[server.base_url] = value(samples(scrape(server.base_url)), "gateway_requests_total", route=COMPLETIONS)
+
+            def scraped_all() -> bool:
+                got = {s["metric"]["instance"]: float(s["value"][1]) for s in prom.query(
+                    f'sum by (instance) (gateway_requests_total{{job="llm-gateway", route="{COMPLETIONS}"}})')}
+                return all(got.get(inst, 0) >= sent[srv.base_url] for inst, srv in zip(instances, (gateway, second)))
+
+            assert wait_for(scraped_all, timeout=60, interval=1.0), "Prometheus never scraped the load"
+            wait_for(lambda: False, timeout=2 * float(SCRAPE[:-1]))  # one more scrape for the rates
+
+            dash = json.loads(DASHBOARD.read_text())
+            variable = next(v for v in dash["templating"]["list"] if v["name"] == "instance")
+            listed = {s["metric"]["instance"] for s in prom.query(variable["query"]["query"].replace(
+                "label_values(", "").rsplit(",", 1)[0])}
+            assert listed == set(instances)
+
+            per_instance = [(p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row"
+                            for t in p["targets"] if "by (instance" in t["expr"]]
+            assert len(per_instance) >= 3, per_instance
+            for title, expr in per_instance:
+                every = prom.query(substitute(expr))
+                assert {s["metric"]["instance"] for s in every} == set(instances), (title, every)
+                only = prom.query(substitute(expr.replace("$instance", promql_regex(instances[1]))))
+                assert {s["metric"]["instance"] for s in only} == {instances[1]}, (title, only)
+
+            # An aggregate panel with "All" is the sum of the two instances.
+            rate = (f'sum(increase(gateway_requests_total{{job="llm-gateway", instance=~"$instance", '
+                    f'route="{COMPLETIONS}"}}[{RATE_WINDOW}]))')
+            at = time.time()  # one evaluation time, so the three extrapolations match
+            total = float(prom.query(substitute(rate), at)[0]["value"][1])
+            parts = [float(prom.query(substitute(rate.replace("$instance", promql_regex(i))), at)[0]["value"][1])
+                     for i in instances]
+            assert total == pytest.approx(sum(parts)) and all(p > 0 for p in parts), (total, parts)
+    finally:
+        second.stop()
