@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from typing import Any
 
 from server.engine import Engine, GenerationOutput, TokenLogprob
 from server.errors import InvalidRequestError
 from server.holder import EngineHolder
+from server.settings import LimitSettings
 from server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -32,6 +32,7 @@ from server.serving.common import (
     guarded,
     resolve_max_tokens,
     sampling_options,
+    serve_on_lease,
     sse,
     sse_error,
 )
@@ -85,7 +86,11 @@ class ChatService:
     def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
         self.holder = holder
         self.fingerprint = fingerprint
-        self.limits = holder.settings.limits
+
+    @property
+    def limits(self) -> LimitSettings:
+        """The limits of the profile serving now (a reload may change them)."""
+        return self.holder.settings.limits
 
     def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
@@ -116,9 +121,8 @@ class ChatService:
         self, req: ChatCompletionRequest, request_id: str, stats: RequestStats | None = None
     ) -> ChatCompletionResponse | EventStream:
         stats = stats or RequestStats()
-        stack = AsyncExitStack()
-        engine = await stack.enter_async_context(self.holder.lease())
-        try:
+
+        def prepare(engine: Engine) -> AsyncIterator[GenerationOutput]:
             self._check(engine, req)
             ids = self._prompt_ids(engine, req)
             param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -131,16 +135,13 @@ class ChatService:
             )
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
-            stream = guarded(engine.generate(request_id, ids, sampling), self.limits)
-        except BaseException:
-            await stack.aclose()
-            raise
-        if req.stream:
-            return EventStream(self._stream(req, request_id, stream, stats), stack.aclose)
-        try:
-            return await self._complete(req, request_id, stream, stats)
-        finally:
-            await stack.aclose()
+            return guarded(engine.generate(request_id, ids, sampling), self.limits)
+
+        return await serve_on_lease(
+            self.holder, prepare,
+            (lambda stream: self._stream(req, request_id, stream, stats)) if req.stream else None,
+            lambda stream: self._complete(req, request_id, stream, stats),
+        )
 
     async def _complete(
         self, req: ChatCompletionRequest, request_id: str,

@@ -6,10 +6,12 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
+from server.holder import EngineHolder
 from server.errors import (
     GatewayError,
     InternalError,
@@ -32,6 +34,34 @@ class EventStream:
 
     events: AsyncIterator[str]
     aclose: Callable[[], Awaitable[None]]
+
+
+Prepared = TypeVar("Prepared")
+Result = TypeVar("Result")
+
+
+async def serve_on_lease(
+    holder: EngineHolder,
+    prepare: Callable[[Engine], Prepared],
+    stream: Callable[[Prepared], AsyncIterator[str]] | None,
+    complete: Callable[[Prepared], Awaitable[Result]],
+) -> Result | EventStream:
+    """Take an engine lease, `prepare` the request on it (client errors surface here, before any
+    byte is sent), then either hand the lease to the returned EventStream (released when the
+    stream ends, however it ends) or `complete` the request and release it."""
+    lease = AsyncExitStack()
+    engine = await lease.enter_async_context(holder.lease())
+    try:
+        prepared = prepare(engine)
+    except BaseException:
+        await lease.aclose()
+        raise
+    if stream is not None:
+        return EventStream(stream(prepared), lease.aclose)
+    try:
+        return await complete(prepared)
+    finally:
+        await lease.aclose()
 
 
 @dataclass

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from server.engine import ChoiceOutput, Engine, GenerationOutput, SamplingOptions, TokenLogprob
 from server.errors import InvalidRequestError
 from server.holder import EngineHolder
+from server.settings import LimitSettings
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -33,6 +33,7 @@ from server.serving.common import (
     guarded,
     resolve_max_tokens,
     sampling_options,
+    serve_on_lease,
     sse,
     sse_error,
 )
@@ -73,7 +74,11 @@ class CompletionService:
     def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
         self.holder = holder
         self.fingerprint = fingerprint
-        self.limits = holder.settings.limits
+
+    @property
+    def limits(self) -> LimitSettings:
+        """The limits of the profile serving now (a reload may change them)."""
+        return self.holder.settings.limits
 
     # -- preparation (all client errors surface here, before any byte is sent) -------------
 
@@ -135,12 +140,13 @@ class CompletionService:
         self, req: CompletionRequest, request_id: str, stats: RequestStats | None = None
     ) -> CompletionResponse | EventStream:
         stats = stats or RequestStats()
-        stack = AsyncExitStack()
-        engine = await stack.enter_async_context(self.holder.lease())
-        try:
+        Prepared = tuple[list[PreparedPrompt], list[AsyncIterator[GenerationOutput]]]
+
+        def prepare(engine: Engine) -> Prepared:
+            limits = self.limits
             self._check_request(engine, req)
             prompts = self._prompts(engine, req.prompt)
-            check_limits(self.limits, n=req.n, prompts=len(prompts))
+            check_limits(limits, n=req.n, prompts=len(prompts))
             samplings = []
             for p in prompts:
                 max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), engine.info.max_model_len)
@@ -151,18 +157,18 @@ class CompletionService:
                     if p.text is None:
                         p.text = engine.decode(p.token_ids)
             streams = [
-                guarded(engine.generate(f"{request_id}-{i}", p.token_ids, s), self.limits)
+                guarded(engine.generate(f"{request_id}-{i}", p.token_ids, s), limits)
                 for i, (p, s) in enumerate(zip(prompts, samplings, strict=True))
             ]
-        except BaseException:
-            await stack.aclose()
-            raise
-        if req.stream:
-            return EventStream(self._stream(req, request_id, prompts, streams, stats), stack.aclose)
-        try:
-            return await self._complete(req, request_id, prompts, streams, stats)
-        finally:
-            await stack.aclose()
+            return prompts, streams
+
+        def stream(prepared: Prepared) -> AsyncIterator[str]:
+            return self._stream(req, request_id, *prepared, stats)
+
+        return await serve_on_lease(
+            self.holder, prepare, stream if req.stream else None,
+            lambda prepared: self._complete(req, request_id, *prepared, stats),
+        )
 
     async def _complete(
         self,

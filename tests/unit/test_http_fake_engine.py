@@ -124,3 +124,21 @@ async def test_drain_refuses_new_work_and_waits() -> None:
     assert (await slow).status_code == 200
     assert await holder.stop(drain_timeout=1)
     assert holder.state is EngineState.STOPPED
+
+
+@pytest.mark.anyio
+async def test_a_reload_applies_the_new_profiles_limits() -> None:
+    from server.settings import LimitSettings
+
+    client, holder = make(FakeEngine())
+    await holder.start()
+    body = {"model": "fake", "prompt": "a b", "max_tokens": 2, "n": 2}
+    assert (await client.post("/v1/completions", json=body)).status_code == 200
+    chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2}
+    assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+    stricter = holder.settings.model_copy(update={"limits": LimitSettings(max_n=1)})
+    assert (await holder.reload(stricter)).outcome == "success"
+    for path, payload in (("/v1/completions", body), ("/v1/chat/completions", chat)):
+        r = await client.post(path, json=payload)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "n"
