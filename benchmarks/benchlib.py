@@ -27,6 +27,8 @@ GEMMA_CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from server.settings import deep_merge  # noqa: E402,F401  (the drivers use benchlib.deep_merge)
+
 
 def now_utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -43,16 +45,6 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             raise SystemExit(f"--set wants SECTION.FIELD=VALUE, got {item!r}")
         section, name = key.split(".", 1)
         out.setdefault(section, {})[name] = yaml.safe_load(raw)
-    return out
-
-
-def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
     return out
 
 

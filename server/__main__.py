@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.settings import EMBEDDED_MODEL, Settings, load_settings
+from server.settings import EMBEDDED_MODEL, Settings, deep_merge, load_settings
 
 logger = logging.getLogger("llm_gateway")
 
@@ -54,16 +54,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["server"] = {k: v for k, v in server.items() if v is not None}
     if any(v is not None for v in engine.values()):
         out["engine"] = {k: v for k, v in engine.items() if v is not None}
-    return out
-
-
-def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
     return out
 
 

@@ -304,6 +304,17 @@ def embedded_model_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "models" / EMBEDDED_MODEL_DIRNAME
 
 
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Nested override dicts: `extra` wins key by key, sub-dicts are merged, not replaced."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """Build settings from a YAML file (or ``$LLM_GATEWAY_CONFIG``), the environment and overrides.
 

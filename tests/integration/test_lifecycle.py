@@ -60,6 +60,32 @@ def test_layers_shutdown_and_no_leftovers(tmp_path: Path, private_state: Path) -
     assert "Traceback" not in log
 
 
+def test_sigterm_while_the_engine_starts(tmp_path: Path, private_state: Path) -> None:
+    """`systemctl stop` during the first engine start: exit 0 within seconds, no engine process
+    left, instead of waiting for a start that can take minutes on a GPU."""
+    server = start_gateway(tmp_path, extra_args=["--state-dir", str(private_state)], wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        while "starting vLLM" not in server.log() and time.monotonic() < deadline:
+            assert server.proc.poll() is None, server.log()[-3000:]
+            time.sleep(0.1)
+        time.sleep(2.0)  # the engine core process is up and loading
+        children = descendants(server.proc.pid)
+        assert children, server.log()[-3000:]
+        assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 503
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(60)
+        took = time.monotonic() - signalled
+    finally:
+        server.stop()
+    log = server.log()
+    assert code == 0, log[-3000:]
+    assert took < 20, (took, log[-3000:])
+    time.sleep(1)
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
 def test_missing_model_fails_fast_with_a_hint(tmp_path: Path) -> None:
     empty_state = tmp_path / "empty"
     empty_state.mkdir()
