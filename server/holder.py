@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import Engine
+from server.engine import Engine, release_freed_memory
 from server.errors import ConflictError, EngineDeadError, OverloadedError, ServiceUnavailableError
 from server.settings import ReloadSettings, Settings
 
@@ -353,6 +353,8 @@ class EngineHolder:
             result.max_queue_wait_s = round(self._max_wait, 3)
             self.last_reload = result
             logger.info("reload finished: %s", result.as_dict())
+            # The old engine's objects are unreachable only now that its slot is gone.
+            await asyncio.to_thread(release_freed_memory)
             for listener in self._reload_listeners:
                 listener(result)
             return result
