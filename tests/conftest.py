@@ -84,6 +84,23 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
+def wait_for_engine_core(pid: int, timeout: float = 120.0) -> list[int]:
+    """The descendants of `pid` once a vLLM engine-core process is among them."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in descendants(pid):
+            try:
+                proc = psutil.Process(child)
+                if "EngineCor" in proc.name() or "EngineCore" in " ".join(proc.cmdline()):
+                    return descendants(pid)
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"no vLLM engine-core process under {pid} after {timeout} s")
+
+
 def kill_tree(pid: int) -> None:
     import psutil
 

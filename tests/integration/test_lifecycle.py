@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import MODEL_DIR, ROOT, descendants, start_gateway
+from tests.conftest import MODEL_DIR, ROOT, descendants, start_gateway, wait_for_engine_core
 
 
 @pytest.fixture
@@ -69,9 +69,7 @@ def test_sigterm_while_the_engine_starts(tmp_path: Path, private_state: Path) ->
         while "starting vLLM" not in server.log() and time.monotonic() < deadline:
             assert server.proc.poll() is None, server.log()[-3000:]
             time.sleep(0.1)
-        time.sleep(2.0)  # the engine core process is up and loading
-        children = descendants(server.proc.pid)
-        assert children, server.log()[-3000:]
+        children = wait_for_engine_core(server.proc.pid)  # the engine is loading
         assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 503
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)

@@ -195,7 +195,7 @@ def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path
     queued behind it gets 503, the process exits 0 within seconds and leaves no engine process."""
     import psutil
 
-    from tests.conftest import descendants
+    from tests.conftest import descendants, wait_for_engine_core
 
     server = start_gateway(tmp_path, config=CONFIG)
     try:
@@ -211,7 +211,7 @@ def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path
         while server.log().count("starting vLLM") < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert server.log().count("starting vLLM") == 2, server.log()[-3000:]
-        time.sleep(1.0)  # the new engine is loading
+        wait_for_engine_core(server.proc.pid)  # the new engine is loading (drain-swap: the old one is gone)
         queued: dict[str, httpx.Response] = {}
         late = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
             server.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)))

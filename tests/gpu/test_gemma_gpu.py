@@ -1,0 +1,102 @@
+"""GPU only: the gateway on the shipped H200 profiles with Gemma 4 E2B's real shapes.
+
+Dummy weights (`load_format: dummy`, the weights cannot be fetched) and the synthetic byte-level
+tokenizer of benchmarks/synth_tokenizer.py. Skipped on machines without an NVIDIA GPU
+(tests/conftest.py); on the device machine, with vLLM 0.26 staged as in ../shared/gpu:
+
+    PYTHONPATH=/tmp/site:$PWD python3 -m pytest tests/gpu -q
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, ServerProcess, start_gateway
+
+pytestmark = pytest.mark.gpu
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+PROFILES = {
+    "prefill": (ROOT / "configs" / "gemma4-e2b-h200.yaml", True),
+    "decode": (ROOT / "configs" / "gemma4-e2b-h200-decode.yaml", False),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(PROFILES))
+def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+    import benchlib
+    import synth_tokenizer
+
+    tmp = tmp_path_factory.mktemp(f"gemma-{request.param}")
+    model = synth_tokenizer.build(tmp / "model")
+    config, _ = PROFILES[request.param]
+    settings = benchlib.effective_settings(config, benchlib.device_overrides("gpu", tmp, model))
+    profile = benchlib.write_settings(settings, tmp / "profile.yaml")
+    server = start_gateway(tmp, config=profile, extra_args=["--state-dir", str(tmp / "state")])
+    yield server, request.param
+    assert server.stop(timeout=120) == 0
+
+
+def complete(server: ServerProcess, **body: object) -> httpx.Response:
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return httpx.post(server.base_url + "/v1/completions", json={"model": model, **body}, timeout=300)
+
+
+def test_the_profile_reaches_the_engine(gemma: tuple[ServerProcess, str]) -> None:
+    """The batch limits and flags come from the profile, not AsyncLLM's small engine defaults."""
+    server, name = gemma
+    config, fast_prefill = PROFILES[name]
+    import yaml
+
+    wanted = yaml.safe_load(config.read_text())["engine"]
+    profile = httpx.get(server.base_url + "/admin/status", timeout=30).json()["profile"]
+    for key in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"):
+        assert profile[key] == wanted[key], key
+    metrics = httpx.get(server.base_url + "/metrics", timeout=30).text
+    info = next(line for line in metrics.splitlines() if line.startswith("gateway_profile_info{"))
+    assert f'kv_sharing_fast_prefill="{str(fast_prefill).lower()}"' in info
+    assert f'max_num_seqs="{wanted["max_num_seqs"]}"' in info
+    assert 'cuda_graphs="true"' in info
+    assert "vllm:num_requests_running{" in metrics
+
+
+def test_token_id_prompts_plain_and_streamed(gemma: tuple[ServerProcess, str]) -> None:
+    server, _ = gemma
+    prompt = [(i * 7919) % 262144 for i in range(512)]
+    r = complete(server, prompt=prompt, max_tokens=16, ignore_eos=True, temperature=0)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {"prompt_tokens": 512, "completion_tokens": 16, "total_tokens": 528}
+    with httpx.stream("POST", server.base_url + "/v1/completions", timeout=300, json={
+            "model": r.json()["model"], "prompt": prompt[:64], "max_tokens": 32, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}) as s:
+        assert s.status_code == 200
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["usage"]["completion_tokens"] == 32
+
+
+def test_echo_with_logprobs_is_refused_only_with_fast_prefill(gemma: tuple[ServerProcess, str]) -> None:
+    server, name = gemma
+    _, fast_prefill = PROFILES[name]
+    r = complete(server, prompt=[1, 2, 3, 4], max_tokens=2, echo=True, logprobs=1)
+    if fast_prefill:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    else:
+        assert r.status_code == 200, r.text
+
+
+def test_reload_swaps_profiles_on_the_gpu(gemma: tuple[ServerProcess, str], tmp_path: Path) -> None:
+    server, _ = gemma
+    r = httpx.post(server.base_url + "/admin/reload", timeout=900,
+                   json={"engine": {"served_model_name": "gemma-reloaded", "max_num_seqs": 256}})
+    assert r.status_code == 200, r.text
+    assert complete(server, prompt=[5, 6, 7], max_tokens=4, ignore_eos=True).status_code == 200
+    status = httpx.get(server.base_url + "/admin/status", timeout=30).json()
+    assert status["model"] == "gemma-reloaded" and status["profile"]["max_num_seqs"] == 256
