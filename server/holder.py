@@ -58,6 +58,15 @@ class ReloadResult:
         return dict(self.__dict__)
 
 
+async def _wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """True once `event` is set, False if `timeout` passes first."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
 class _ShuttingDown(Exception):
     """Shutdown began while a reload was starting an engine."""
 
@@ -80,11 +89,7 @@ class _Slot:
         await asyncio.shield(self._shutdown)
 
     async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self.idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await _wait_set(self.idle, timeout)
 
 
 class EngineHolder:
@@ -225,31 +230,34 @@ class EngineHolder:
         if self.state not in (EngineState.DEAD, EngineState.STOPPED):
             self._set_state(EngineState.DRAINING)
 
-    async def stop(self, drain_timeout: float) -> bool:
-        """Stop admitting, wait for leases to end (up to drain_timeout), abort the rest, stop.
+    async def drain(self, timeout: float) -> bool:
+        """Stop admitting, wait for leases to end (up to `timeout`), then abort the rest, so every
+        stream still gets a final error event, and give them 5 s to end.
 
         Returns True when every lease ended before the timeout.
         """
+        self.begin_drain()
+        if await self.wait_idle(timeout):
+            return True
+        if self._slot is not None:
+            aborted = await self._slot.engine.abort_all("the server is shutting down; the request was aborted")
+            logger.warning("drain timeout (%.0f s): aborted %d request(s)", timeout, aborted)
+        await self.wait_idle(5.0)
+        return False
+
+    async def stop(self, drain_timeout: float) -> bool:
+        """`drain`, then stop the engine. Returns True when every lease ended before the timeout."""
         if self.state is EngineState.STOPPED:
             return True
-        self.begin_drain()
-        drained = await self.wait_idle(drain_timeout)
+        drained = await self.drain(drain_timeout)
         slot, self._slot = self._slot, None
         if slot is not None:
-            if not drained:
-                aborted = await slot.engine.abort_all("the server is shutting down; the request was aborted")
-                logger.warning("drain timeout (%.0f s): aborted %d request(s)", drain_timeout, aborted)
-                await slot.wait_idle(5.0)
             await slot.shutdown()
         self._set_state(EngineState.STOPPED)
         return drained
 
     async def wait_idle(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._all_idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await _wait_set(self._all_idle, timeout)
 
     # -- leases --------------------------------------------------------------------------
 

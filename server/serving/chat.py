@@ -8,8 +8,6 @@ from typing import Any
 
 from server.engine import Engine, GenerationOutput, TokenLogprob
 from server.errors import InvalidRequestError
-from server.holder import EngineHolder
-from server.settings import LimitSettings
 from server.protocol import (
     ChatChoice,
     ChatCompletionRequest,
@@ -25,6 +23,7 @@ from server.protocol import (
 from server.serving.common import (
     DONE_EVENT,
     EventStream,
+    GenerationService,
     RequestStats,
     check_limits,
     check_logprobs,
@@ -82,16 +81,7 @@ def chat_logprobs(entries: list[TokenLogprob], top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
-class ChatService:
-    def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
-        self.holder = holder
-        self.fingerprint = fingerprint
-
-    @property
-    def limits(self) -> LimitSettings:
-        """The limits of the profile serving now (a reload may change them)."""
-        return self.holder.settings.limits
-
+class ChatService(GenerationService):
     def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
         check_limits(self.limits, n=req.n)

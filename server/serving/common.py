@@ -36,6 +36,19 @@ class EventStream:
     aclose: Callable[[], Awaitable[None]]
 
 
+class GenerationService:
+    """What the completions and chat services share: the engine holder and the profile's limits."""
+
+    def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
+        self.holder = holder
+        self.fingerprint = fingerprint
+
+    @property
+    def limits(self) -> LimitSettings:
+        """The limits of the profile serving now (a reload may change them)."""
+        return self.holder.settings.limits
+
+
 Prepared = TypeVar("Prepared")
 Result = TypeVar("Result")
 

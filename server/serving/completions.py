@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from server.engine import ChoiceOutput, Engine, GenerationOutput, SamplingOptions, TokenLogprob
 from server.errors import InvalidRequestError
-from server.holder import EngineHolder
-from server.settings import LimitSettings
 from server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -25,6 +23,7 @@ from server.protocol import (
 from server.serving.common import (
     DONE_EVENT,
     EventStream,
+    GenerationService,
     RequestStats,
     check_limits,
     check_logprobs,
@@ -70,16 +69,7 @@ def build_logprobs(entries: list[TokenLogprob], initial_offset: int) -> Completi
     return out
 
 
-class CompletionService:
-    def __init__(self, holder: EngineHolder, *, fingerprint: str) -> None:
-        self.holder = holder
-        self.fingerprint = fingerprint
-
-    @property
-    def limits(self) -> LimitSettings:
-        """The limits of the profile serving now (a reload may change them)."""
-        return self.holder.settings.limits
-
+class CompletionService(GenerationService):
     # -- preparation (all client errors surface here, before any byte is sent) -------------
 
     def _prompts(self, engine: Engine, prompt: object) -> list[PreparedPrompt]:

@@ -180,3 +180,18 @@ async def test_an_abandoned_engine_start_is_discarded_when_it_finishes() -> None
     assert await run_abandonable(lambda: 7, discard, name="test-ok") == 7
     with pytest.raises(ZeroDivisionError):
         await run_abandonable(lambda: 1 // 0, discard, name="test-error")
+
+
+@pytest.mark.anyio
+async def test_shutdown_drain_timeout_aborts_then_stops() -> None:
+    """`stop` (SIGTERM's path) waits up to the drain timeout, aborts what is left with the
+    shutdown message, then stops the engine."""
+    holder, made = holder_with()
+    await holder.start()
+    slow = asyncio.create_task(use(holder, 500))  # 5 s at 10 ms a token
+    await asyncio.sleep(0.05)
+    assert not await holder.stop(drain_timeout=0.1)
+    assert made[0].abort_message == "the server is shutting down; the request was aborted"
+    assert made[0].closed and holder.state is EngineState.STOPPED
+    with pytest.raises(ServiceUnavailableError, match="shutting down"):
+        await slow
