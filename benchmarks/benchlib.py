@@ -24,14 +24,24 @@ GPU_CONFIG = ROOT / "configs" / "gemma4-e2b-h200.yaml"
 CPU_CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
 GEMMA_CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
 
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, HERE):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
+from profiles import wait_gpu_free  # noqa: E402,F401  (profiles.py stays standalone: stdlib + vLLM only)
 from server.settings import deep_merge  # noqa: E402,F401  (the drivers use benchlib.deep_merge)
 
 
 def now_utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def add_profile_args(ap: Any, set_help: str) -> None:
+    """--device, --config and --set: which gateway profile a driver starts from, and its overrides."""
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
+    ap.add_argument("--config", type=Path, help="gateway profile (default: configs/gemma4-e2b-h200.yaml "
+                    "on gpu, configs/embedded-cpu.yaml on cpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help=set_help)
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -175,20 +185,6 @@ def wait_group_gone(pgid: int, limit_s: float = 30.0) -> None:
         except (ProcessLookupError, PermissionError):
             return
         time.sleep(0.3)
-
-
-def wait_gpu_free(limit_s: float = 30.0) -> None:
-    """Wait until the GPU holds no compute process (the last engine's memory is back)."""
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        try:
-            r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return
-        if not r.stdout.strip():
-            return
-        time.sleep(1)
 
 
 def append_jsonl(path: Path, rec: dict[str, Any]) -> None:

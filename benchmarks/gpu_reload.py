@@ -193,12 +193,8 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    ap.add_argument("--config", type=Path, help="gateway profile (default: configs/gemma4-e2b-h200.yaml "
-                    "on gpu, configs/embedded-cpu.yaml on cpu)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 on "
-                    "gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
+    benchlib.add_profile_args(ap, "profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 "
+                              "on gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--concurrency", type=int, default=None, help="closed-loop workers (default 32 gpu, 2 cpu)")
     ap.add_argument("--input-tokens", type=int, default=None, help="default 512 gpu, 64 cpu")

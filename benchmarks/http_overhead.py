@@ -398,11 +398,7 @@ def run_inproc_way(a: argparse.Namespace, profile: Path, workdir: Path, t_end: f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    ap.add_argument("--config", type=Path, help="gateway profile (default: configs/gemma4-e2b-h200.yaml "
-                    "on gpu, configs/embedded-cpu.yaml on cpu)")
-    ap.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                    help="profile override, e.g. engine.max_num_seqs=256 (repeatable)")
+    benchlib.add_profile_args(ap, "profile override, e.g. engine.max_num_seqs=256 (repeatable)")
     ap.add_argument("--ways", default=",".join(WAYS), help="which ways, in order")
     ap.add_argument("--concurrency", default="1,32,256")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2 x concurrency, >= 16)")

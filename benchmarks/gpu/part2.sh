@@ -12,18 +12,8 @@
 # Knobs (environment): WAYS (inproc,gateway,vllm), CONCURRENCY (1,32,256), REQUESTS (2 x c, >= 16),
 # INPUT_TOKENS (512), OUTPUT_TOKENS (256), CALL_LIMIT_S (600), EXTRA (more http_overhead.py flags).
 set -uo pipefail
-t0=$SECONDS
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
-[ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-python3 -c "import vllm, torch, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
-  || { echo "missing packages on the device"; exit 3; }
+source benchmarks/gpu/device-env.sh
 work=/tmp/part2-work; mkdir -p "$work"
-limit=${CALL_LIMIT_S:-600}
-deadline=$(( limit - 35 - (SECONDS - t0) ))
-echo "deadline ${deadline}s"
 python3 benchmarks/http_overhead.py --device gpu --deadline-s "$deadline" --min-left-s 100 \
   --ways "${WAYS:-inproc,gateway,vllm}" --concurrency "${CONCURRENCY:-1,32,256}" \
   ${REQUESTS:+--requests "$REQUESTS"} --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \

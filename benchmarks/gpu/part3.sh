@@ -12,18 +12,8 @@
 # skipped by the deadline: run it again as a second call).
 # Knobs: STRATEGIES (drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
 set -uo pipefail
-t0=$SECONDS
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
-[ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
-python3 -c "import vllm, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers" \
-  || { echo "missing packages on the device"; exit 3; }
+source benchmarks/gpu/device-env.sh
 work=/tmp/part3-work; mkdir -p "$work"
-limit=${CALL_LIMIT_S:-600}
-deadline=$(( limit - 35 - (SECONDS - t0) ))
-echo "deadline ${deadline}s"
 python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
   --strategies "${STRATEGIES:-drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
   --out "$OUT/part3.jsonl" --workdir "$work" --requests-out "$work/requests.json" \

@@ -1,0 +1,14 @@
+# Sourced by part2.sh and part3.sh (from the repository root on the device machine): installs the
+# staged vLLM bundle if this call carries its last part, checks the packages the gateway needs,
+# sets the environment, and computes $deadline (seconds left for the driver in this call).
+t0=$SECONDS
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
+[ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
+export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+python3 -c "import vllm, torch, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
+  || { echo "missing packages on the device"; exit 3; }
+limit=${CALL_LIMIT_S:-600}
+deadline=$(( limit - 35 - (SECONDS - t0) ))
+echo "deadline ${deadline}s"
