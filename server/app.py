@@ -109,9 +109,14 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         if err.get("type") == "json_invalid":
             ctx = err.get("ctx", {}) or {}
             return f"Request body is not valid JSON: {ctx.get('error', 'decode error')}.", None
-        parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
+        if not loc and "field" in (err.get("ctx") or {}):  # the message names the field itself
+            parts.append(str(err.get("msg")))
+        else:
+            parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
     first_loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-    return "Invalid request: " + "; ".join(parts), (first_loc[0] if first_loc else None)
+    # Whole-body checks (server.protocol.ApiRequest) name the field they refused in their context.
+    param = first_loc[0] if first_loc else (errors[0].get("ctx") or {}).get("field")
+    return "Invalid request: " + "; ".join(parts), param
 
 
 def build_app(

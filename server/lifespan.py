@@ -26,7 +26,8 @@ from pydantic import ValidationError
 from server.app import build_app
 from server.engine import VllmEngine
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
-from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
+from server.holder import EngineFactory, EngineHolder, ReloadResult
+from server.http_protocol import uvicorn_http_options
 from server.profile_checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
@@ -71,6 +72,7 @@ class Gateway:
             lifespan="off",
             timeout_keep_alive=int(settings.server.keep_alive_timeout_s),
             timeout_graceful_shutdown=5,
+            **uvicorn_http_options(settings.server.max_header_bytes),
         )
         self.server = _Server(config)
         self.notifier = Notifier()

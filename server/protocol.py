@@ -11,39 +11,53 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
 
-def _find_unencodable(value: Any, path: str) -> str | None:
-    """The path of the first string that is not valid Unicode (lone surrogates from JSON escapes)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _find_invalid(value: Any, path: str) -> tuple[str, str] | None:
+    """The path of the first unacceptable value and why: a string that is not valid Unicode (lone
+    surrogates from JSON escapes), or an integer beyond 64 bits (vLLM's engine cannot carry it;
+    `vllm serve` bounds `seed` the same way)."""
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return path
+            return path, "contains a lone surrogate (invalid Unicode)"
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            return path, f"must be a 64-bit integer (from {INT64_MIN} to {INT64_MAX})"
     elif isinstance(value, dict):
         for key, item in value.items():
-            if (found := _find_unencodable(item, f"{path}.{key}" if path else str(key))) is not None:
+            if (found := _find_invalid(item, f"{path}.{key}" if path else str(key))) is not None:
                 return found
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            if (found := _find_unencodable(item, f"{path}[{i}]")) is not None:
+            if (found := _find_invalid(item, f"{path}[{i}]")) is not None:
                 return found
     return None
 
 
 class ApiRequest(BaseModel):
     """Base of request bodies: unknown fields are accepted (and ignored), as `vllm serve` does;
-    strings must be valid Unicode (JSON allows lone surrogate escapes, tokenizers do not)."""
+    strings must be valid Unicode (JSON allows lone surrogate escapes, tokenizers do not) and
+    integers must fit in 64 bits (JSON allows any size)."""
 
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     @model_validator(mode="before")
     @classmethod
-    def _valid_unicode(cls, data: Any) -> Any:
-        if (path := _find_unencodable(data, "")) is not None:
-            raise ValueError(f"{path} contains a lone surrogate (invalid Unicode)")
+    def _encodable(cls, data: Any) -> Any:
+        if (found := _find_invalid(data, "")) is not None:
+            path, problem = found
+            # The top-level field becomes the error's `param` (see server.app).
+            field = path.split(".", 1)[0].split("[", 1)[0]
+            raise PydanticCustomError("invalid_value", "{path} {problem}",
+                                      {"path": path, "problem": problem, "field": field})
         return data
 
 

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 EMBEDDED_MODEL = "embedded"
 """The `engine.model` value that means the SmolLM2 model prepared under the state directory."""
 
 EMBEDDED_MODEL_DIRNAME = "smollm2-135m-instruct"
+
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+"""The shipped profiles (links to configs/*.yaml, packaged with the gateway)."""
+
+DEFAULT_PROFILES = {"cpu": "embedded-cpu.yaml", "gpu": "gemma4-e2b-h200.yaml"}
+"""The profile `llm-gateway serve` uses without --config or $LLM_GATEWAY_CONFIG, by device
+(the same choice `make serve` makes)."""
 
 # EAGLE-family drafters read hidden states of every layer; vLLM refuses them with fast prefill.
 _EAGLE_METHODS = {"eagle", "eagle3", "mtp"}
@@ -50,6 +53,10 @@ class ServerSettings(BaseModel):
 
     keep_alive_timeout_s: float = Field(75.0, gt=0)
     """Idle keep-alive timeout; longer than nginx's upstream keepalive_timeout (60 s)."""
+
+    max_header_bytes: int = Field(32 * 1024, ge=1024)
+    """Largest request head (request line and headers) accepted; 431 above. nginx's default
+    `large_client_header_buffers 4 8k` allows the same 32 KiB."""
 
 
 class AuthSettings(BaseModel):
@@ -220,9 +227,7 @@ class EngineProfile(BaseModel):
     """Environment variables set before vLLM is imported (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU)."""
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
-        if self.device != "auto":
-            return self.device
-        return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
+        return self.device if self.device != "auto" else detect_device()
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> EngineProfile:
@@ -250,8 +255,10 @@ class Settings(BaseSettings):
         env_prefix="LLM_GATEWAY_",
         env_nested_delimiter="__",
         extra="forbid",
-        yaml_file=None,
     )
+
+    profile_file: ClassVar[Path | None] = None
+    """The YAML file `load_settings` reads (set on a throwaway subclass, not a field)."""
 
     server: ServerSettings = Field(default_factory=ServerSettings)
     """HTTP server settings."""
@@ -277,7 +284,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls))
+        return (init_settings, env_settings, _YamlProfileSource(settings_cls, settings_cls.profile_file))
 
     @property
     def served_model_name(self) -> str:
@@ -300,6 +307,63 @@ class Settings(BaseSettings):
         }
 
 
+class ConfigFileError(ValueError):
+    """The config file cannot be read as a YAML profile (not the same as an invalid setting)."""
+
+
+class _YamlProfileSource(PydanticBaseSettingsSource):
+    """The profile's YAML file, with errors that say what is wrong with the file.
+
+    pydantic-settings' own YAML source lets reader errors (binary files, /proc files), parser
+    errors and non-mapping documents escape as bare YAML or ValueError exceptions.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self.path = path
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # pragma: no cover
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        return read_profile_file(self.path) if self.path is not None else {}
+
+
+def read_profile_file(path: Path) -> dict[str, Any]:
+    """The YAML mapping in `path`; ConfigFileError names the file and the problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigFileError(f"config file {path} is not UTF-8 text") from exc
+    except OSError as exc:
+        raise ConfigFileError(f"config file {path} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigFileError(f"config file {path} is not valid YAML{at}: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigFileError(
+            f"config file {path} must hold a mapping of sections (server, engine, ...), "
+            f"not a {type(data).__name__}"
+        )
+    return data
+
+
+def detect_device() -> Literal["cpu", "gpu"]:
+    """`gpu` when an NVIDIA device node exists, else `cpu`."""
+    return "gpu" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def default_profile_path() -> Path:
+    """The shipped profile for this machine's device (see DEFAULT_PROFILES)."""
+    return PROFILES_DIR / DEFAULT_PROFILES[detect_device()]
+
+
 def embedded_model_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "models" / EMBEDDED_MODEL_DIRNAME
 
@@ -316,16 +380,21 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """Build settings from a YAML file (or ``$LLM_GATEWAY_CONFIG``), the environment and overrides.
+    """Build settings from a YAML file (or ``$LLM_GATEWAY_CONFIG``, or the shipped default profile
+    for this machine's device), the environment and overrides.
 
     ``overrides`` are nested dicts (``server={"port": 9000}``) and win over everything else.
+    Raises FileNotFoundError for a missing file, ConfigFileError for one that is not a YAML
+    profile, and pydantic's ValidationError for invalid settings.
     """
-    path = config_file or os.environ.get("LLM_GATEWAY_CONFIG")
-    if path is not None and not Path(path).is_file():
+    path = config_file or os.environ.get("LLM_GATEWAY_CONFIG") or default_profile_path()
+    if not Path(path).exists():
         raise FileNotFoundError(f"config file not found: {path}")
+    if not Path(path).is_file():
+        raise ConfigFileError(f"config file {path} is not a regular file")
 
     class _FromFile(Settings):
-        model_config = SettingsConfigDict(yaml_file=path)
+        profile_file = Path(path)
 
     loaded = _FromFile(**{k: v for k, v in overrides.items() if v is not None})
     # Re-validate as the public class so callers never see the throwaway subclass.

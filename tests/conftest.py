@@ -136,16 +136,19 @@ def start_gateway(
     *,
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
-    config: Path = CONFIG,
+    config: Path | None = CONFIG,
     wait: bool = True,
 ) -> ServerProcess:
-    """`llm-gateway serve` as a subprocess on a free port, sharing the prepared model."""
+    """`llm-gateway serve` as a subprocess on a free port, sharing the prepared model.
+
+    `config=None` passes no --config: the gateway picks the shipped profile for this machine.
+    """
     port = free_port()
     log_path = tmp_dir / f"gateway-{port}.log"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [
         sys.executable, "-m", "server", "serve",
-        "--config", str(config),
+        *(["--config", str(config)] if config is not None else []),
         "--port", str(port),
         "--state-dir", str(STATE_DIR),
         *(extra_args or []),

@@ -4,7 +4,7 @@
 #   run(command="bash benchmarks/gpu/part2.sh", carry=[".gpu/install.sh", ".gpu/pN"])
 # either as the call that brings the last staged part (../shared/gpu/README.md) or any later call on
 # the same warm machine. Everything lands under $OUT: part2.jsonl (one line per way x concurrency),
-# part2.json ({meta, results} of this call), part2.log (driver output), work/ (profile, server and
+# part2.json ({meta, results} of this call), part2.log (driver output), part2-work.tar.gz (profile, server and
 # loadtest logs, raw loadtest results). The driver stops itself before the 600 s device limit.
 # Budget: engine start ~270 s cold on a fresh machine, ~60 s with the compile cache warm; three
 # engines plus ~40 s of load each need ~330 s warm, so on a fresh machine plan TWO calls: the first
@@ -20,7 +20,6 @@ python3 benchmarks/http_overhead.py --device gpu --deadline-s "$deadline" --min-
   --out "$OUT/part2.jsonl" --workdir "$work" --run-id "h200-part2-$(date -u +%H%M%S)" \
   --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, token-id prompts" \
   --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"
-mkdir -p "$OUT/work"
-cp "$work"/*.log "$work"/profile.yaml "$OUT/work/" 2>/dev/null
-for f in "$work"/*-c*.json; do [ -f "$f" ] && gzip -c "$f" > "$OUT/work/$(basename "$f").gz"; done
+# One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
+tar czf "$OUT/part2-work.tar.gz" -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part2 done after $(( SECONDS - t0 ))s"

@@ -6,7 +6,7 @@
 # configs/gemma4-e2b-h200.yaml at engine.gpu_memory_utilization 0.45 (two engines fit for blue-green),
 # dummy weights + synthetic tokenizer; 32 streaming clients (512 in / 256 out) from 10 s before the
 # first reload to 10 s after the last. Output under $OUT: part3.jsonl (one line per reload + one for
-# the run), part3.json ({meta, results}), part3.log, work/ (gateway log, profile, every request's timings).
+# the run), part3.json ({meta, results}), part3.log, part3-work.tar.gz (gateway log, profile, every request's timings).
 # Budget: gateway start + two engine starts: ~3.5 min with a warm compile cache (e.g. right after
 # part2.sh on the same machine), ~7 min cold on a fresh machine (then the second reload may be
 # skipped by the deadline: run it again as a second call).
@@ -19,7 +19,6 @@ python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
   --out "$OUT/part3.jsonl" --workdir "$work" --requests-out "$work/requests.json" \
   --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic tokenizer, gpu_memory_utilization 0.45" \
   --doc "$OUT/part3.json" ${EXTRA:-} 2>&1 | tee "$OUT/part3.log"
-mkdir -p "$OUT/work"
-cp "$work"/*.log "$work"/profile.yaml "$OUT/work/" 2>/dev/null
-[ -f "$work/requests.json" ] && gzip -c "$work/requests.json" > "$OUT/work/requests.json.gz"
+# One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
+tar czf "$OUT/part3-work.tar.gz" -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part3 done after $(( SECONDS - t0 ))s"

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from server.errors import GatewayError, error_body
+from server.errors import error_body
 from fastapi.responses import JSONResponse, Response
 
 from server.holder import EngineHolder

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import SERVED_NAME, ServerProcess, free_port
 from tests.e2e.conftest import (

@@ -106,6 +106,23 @@ def test_body_too_large_is_413(keyed: ServerProcess) -> None:
     assert_error(r, 413)
 
 
+@pytest.mark.parametrize("size,status", [(16 * 1024, 200), (32 * 1024 + 1, 431), (200 * 1024, 431), (4 * 2**20, 431)])
+def test_request_head_is_capped_like_nginx(keyed: ServerProcess, size: int, status: int) -> None:
+    """`server.max_header_bytes` (32 KiB, nginx's 4 x 8k): a bigger head gets 431 in the OpenAI
+    shape and the connection is closed; the server keeps serving."""
+    h = {**headers(API_KEY), "x-padding": "p" * size}
+    try:
+        r = httpx.get(keyed.base_url + "/v1/models", headers=h, timeout=30)
+    except httpx.RemoteProtocolError:  # the server closed before the client finished sending 4 MiB
+        assert status == 431
+    else:
+        assert r.status_code == status, r.text[:300]
+        if status == 431:
+            assert_error(r, 431)
+            assert r.headers["connection"] == "close"
+    assert httpx.get(keyed.base_url + "/v1/models", headers=headers(API_KEY), timeout=30).status_code == 200
+
+
 def test_limits(keyed: ServerProcess) -> None:
     url = keyed.base_url + "/v1/completions"
     h = headers(API_KEY)

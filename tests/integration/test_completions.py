@@ -274,3 +274,30 @@ def test_malformed_json_is_400(http: httpx.Client, body: bytes) -> None:
 def test_invalid_parameters_are_400(http: httpx.Client, body: dict) -> None:
     r = http.post("/v1/completions", json=body)
     assert_openai_error(r, 400)
+
+
+BEYOND_64_BITS = 2**70
+
+
+@pytest.mark.parametrize("route,field,value", [
+    ("/v1/completions", "seed", BEYOND_64_BITS),
+    ("/v1/completions", "seed", -BEYOND_64_BITS),
+    ("/v1/completions", "top_k", BEYOND_64_BITS),
+    ("/v1/completions", "stop_token_ids", [BEYOND_64_BITS]),
+    ("/v1/completions", "prompt", [1, BEYOND_64_BITS]),
+    ("/v1/chat/completions", "seed", BEYOND_64_BITS),
+    ("/v1/chat/completions", "top_k", BEYOND_64_BITS),
+    ("/v1/chat/completions", "logit_bias", {"5": BEYOND_64_BITS}),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_integers_beyond_64_bits_are_400_naming_the_field(http: httpx.Client, route: str, field: str,
+                                                         value: object, stream: bool) -> None:
+    """JSON integers have no size limit; vLLM's engine carries 64 bits (2^70 was a 500)."""
+    body = {"model": SERVED_NAME, "max_tokens": 2, "stream": stream,
+            **({"prompt": "hi"} if route == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}),
+            field: value}
+    r = http.post(route, json=body)
+    assert_openai_error(r, 400)
+    assert r.json()["error"]["param"] == field
+    assert "64-bit integer" in r.json()["error"]["message"]
+    assert http.post(route, json={**body, field: 2**63 - 1} if field == "seed" else {**body, field: None}).status_code == 200

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import CONFIG, ServerProcess, start_gateway
+from tests.conftest import CONFIG, ROOT, ServerProcess, start_gateway
 
 LOAD_CLIENTS = 8
 
@@ -137,6 +137,11 @@ def test_invalid_config_is_refused_and_nothing_changes(reloadable: tuple[ServerP
     assert r.status_code == 400 and "engine.model" in r.json()["error"]["message"]
     r = httpx.post(server.base_url + "/admin/reload", timeout=60, json={"engine": {"max_num_seqs": 0}})
     assert r.status_code == 400 and "max_num_seqs" in r.json()["error"]["message"]
+    for path, why in (("/proc/self/environ", "not valid YAML"), ("/", "not a regular file"),
+                      (str(ROOT / "pyproject.toml"), "not valid YAML"), (str(ROOT / "Makefile"), "not valid YAML"),
+                      ("/nonexistent.yaml", "not found")):
+        r = httpx.post(server.base_url + "/admin/reload", timeout=60, json={"config": path})
+        assert r.status_code == 400 and why in r.json()["error"]["message"], (path, r.text)
     assert models(server)["id"] == before
     assert httpx.get(server.base_url + "/ready").status_code == 200
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from server.settings import EngineProfile, Settings, load_settings
+from server.settings import (
+    DEFAULT_PROFILES,
+    PROFILES_DIR,
+    ConfigFileError,
+    EngineProfile,
+    Settings,
+    detect_device,
+    load_settings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,6 +68,34 @@ def test_unknown_key_is_rejected(tmp_path: Path) -> None:
 def test_missing_file() -> None:
     with pytest.raises(FileNotFoundError):
         load_settings("/nonexistent.yaml")
+
+
+def test_no_config_is_the_shipped_profile_for_this_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`llm-gateway serve` without --config serves what `make serve` serves on this machine."""
+    monkeypatch.delenv("LLM_GATEWAY_CONFIG", raising=False)
+    device = detect_device()
+    assert load_settings().model_dump() == load_settings(ROOT / "configs" / DEFAULT_PROFILES[device]).model_dump()
+    assert (PROFILES_DIR / DEFAULT_PROFILES[device]).resolve() == (ROOT / "configs" / DEFAULT_PROFILES[device]).resolve()
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"server: {port: 1\x00}", "not valid YAML"),
+    (b"engine: [1, 2\n", "not valid YAML (line 2, column 1)"),
+    (b"- a\n- b\n", "must hold a mapping of sections"),
+    (b"just words", "must hold a mapping of sections"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
+])
+def test_unreadable_config_file_names_the_file_and_the_problem(tmp_path: Path, content: bytes, why: str) -> None:
+    path = tmp_path / "profile.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigFileError, match=re.escape(why)) as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+def test_config_that_is_not_a_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigFileError, match="not a regular file"):
+        load_settings(tmp_path)
 
 
 def test_fast_prefill_with_eagle_names_both_fields() -> None:

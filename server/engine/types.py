@@ -1,0 +1,125 @@
+"""The plain data the engine seam speaks, and the `Engine` Protocol (no vLLM types cross it)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+
+@dataclass(slots=True)
+class TopLogprob:
+    token_id: int
+    token: str
+    logprob: float
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One position: the chosen token and the candidates vLLM returned (chosen + top-k).
+
+    `logprob` and `candidates` are None for the first prompt token, which has no logprob.
+    """
+
+    token_id: int
+    token: str
+    logprob: float | None
+    candidates: list[TopLogprob] | None
+
+
+@dataclass(slots=True)
+class ChoiceOutput:
+    """One sequence's progress: a delta when streaming, the whole result otherwise."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+@dataclass(slots=True)
+class GenerationOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[TokenLogprob] | None
+    choices: list[ChoiceOutput]
+    finished: bool
+
+
+@dataclass(slots=True)
+class SamplingOptions:
+    """What a request asks of the sampler; mirrors vLLM's `SamplingParams` fields."""
+
+    max_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    structured: dict[str, Any] | None = None  # vLLM StructuredOutputsParams fields (json, json_object, ...)
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class EngineInfo:
+    served_model_name: str
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    vllm_version: str
+    max_logprobs: int
+    kv_sharing_fast_prefill: bool
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the gateway needs from an inference engine."""
+
+    info: EngineInfo
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool
+    ) -> str:
+        """The model's chat template applied to `messages`, as text."""
+        ...
+
+    def make_sampling(self, options: SamplingOptions) -> Any:
+        """Validate options and build the engine's own sampling object (raises InvalidRequestError)."""
+        ...
+
+    def generate(
+        self, request_id: str, prompt_token_ids: list[int], sampling: Any
+    ) -> AsyncIterator[GenerationOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def abort_all(self, message: str) -> int:
+        """Abort every running request; their streams raise ServiceUnavailableError(message)."""
+        ...
+
+    def is_dead(self) -> bool: ...
+
+    async def num_unfinished_requests(self) -> int: ...
+
+    async def shutdown(self) -> None: ...
