@@ -24,7 +24,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from server.app import build_app
-from server.engine import VllmEngine
+from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from server.holder import EngineFactory, EngineHolder, ReloadResult
 from server.http_protocol import uvicorn_http_options
@@ -35,6 +35,8 @@ from server.settings import Settings
 logger = logging.getLogger("llm_gateway")
 
 ENGINE_WATCH_INTERVAL_S = 1.0
+# vLLM's workers took ~3.5 s to exit after a process-group SIGINT on 2 CPU cores.
+ENGINE_EXIT_WAIT_S = 15.0
 
 
 class _Server(uvicorn.Server):
@@ -80,6 +82,7 @@ class Gateway:
         self._stopping = False
         self._finishing = False  # the HTTP server is down; the engine is being stopped
         self._tasks: set[asyncio.Task[None]] = set()
+        self._engine_processes_at_stop: list[psutil.Process] = []
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.ensure_future(coro)
@@ -133,6 +136,10 @@ class Gateway:
             self.server.should_exit = True
             return
         logger.info("%s received: draining (timeout %.0f s)", sig.name, self.settings.server.drain_timeout_s)
+        note_stop_signal()
+        # Taken now, while the engine core still parents its workers: if the signal reached the
+        # core too, its workers outlive it, re-parented away from this process.
+        self._engine_processes_at_stop = engine_processes()
         self._stopping = True
         self.notifier.stopping(f"draining {self.holder.in_flight} request(s)")
         self._spawn(self._drain_then_exit())
@@ -240,6 +247,11 @@ class Gateway:
                 # minutes on a GPU; ending its processes makes it fail at once instead.
                 logger.warning("an engine was still starting: terminating its processes")
                 terminate_children(grace_s=5.0)
+            else:
+                # Engine processes that got the stop signal themselves (Ctrl-C signals the whole
+                # process group) may still be stopping: exit after them, never leave orphans.
+                await asyncio.to_thread(wait_for_engine_processes, ENGINE_EXIT_WAIT_S,
+                                        self._engine_processes_at_stop)
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -247,19 +259,46 @@ class Gateway:
         return self.exit_code
 
 
-def terminate_children(grace_s: float) -> None:
-    """SIGTERM every descendant process, SIGKILL those still alive after `grace_s`."""
+def engine_processes() -> list[psutil.Process]:
+    """Descendant processes except multiprocessing's resource tracker, which exits only after
+    this process does (it then unlinks shared memory that engine processes leaked)."""
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
-        return
+        return []
+    processes = []
     for child in children:
         with contextlib.suppress(psutil.Error):
-            child.terminate() if grace_s > 0 else child.kill()
-    _, alive = psutil.wait_procs(children, timeout=grace_s) if grace_s > 0 else ([], children)
-    for child in alive:
+            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline()):
+                processes.append(child)
+    return processes
+
+
+def wait_for_engine_processes(wait_s: float, known: list[psutil.Process]) -> None:
+    """Give engine processes (descendants now, and `known` ones that may have been re-parented)
+    `wait_s` to exit on their own, then terminate what is left."""
+    processes = {*engine_processes(), *known}
+    _, alive = psutil.wait_procs(list(processes), timeout=wait_s)
+    if alive:
+        logger.warning("%d engine process(es) still running %.0f s after the engine stopped: terminating",
+                       len(alive), wait_s)
+        end_processes(alive, grace_s=5.0)
+
+
+def terminate_children(grace_s: float) -> None:
+    """SIGTERM every engine process, SIGKILL those still alive after `grace_s`."""
+    end_processes(engine_processes(), grace_s)
+
+
+def end_processes(processes: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM `processes`, SIGKILL those still alive after `grace_s` (at once when 0)."""
+    for process in processes:
         with contextlib.suppress(psutil.Error):
-            child.kill()
+            process.terminate() if grace_s > 0 else process.kill()
+    _, alive = psutil.wait_procs(processes, timeout=grace_s) if grace_s > 0 else ([], processes)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
 
 
 def is_loopback(host: str) -> bool:

@@ -138,10 +138,13 @@ def start_gateway(
     env: dict[str, str] | None = None,
     config: Path | None = CONFIG,
     wait: bool = True,
+    own_process_group: bool = False,
 ) -> ServerProcess:
     """`llm-gateway serve` as a subprocess on a free port, sharing the prepared model.
 
     `config=None` passes no --config: the gateway picks the shipped profile for this machine.
+    `own_process_group=True` makes it lead a process group (as a shell job is), so a test can
+    signal it and its engine processes together, as a terminal's Ctrl-C does.
     """
     port = free_port()
     log_path = tmp_dir / f"gateway-{port}.log"
@@ -154,7 +157,8 @@ def start_gateway(
         *(extra_args or []),
     ]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=own_process_group)
     server = ServerProcess(proc, port, log_path)
     if wait:
         wait_ready(server)

@@ -5,7 +5,8 @@
 # call fits the 600 s limit with a cold compile (~3-4 min per engine start on a fresh machine).
 # Output under $OUT (a call returns at most 8 files, so logs travel packed):
 #   gpu-tests-<profiles>.txt     pytest's report (-rA: every test's outcome, the summary line)
-#   gpu-tests-<profiles>.tar.gz  every gateway log and profile pytest wrote (its basetemp)
+#   gpu-tests-<profiles>.tar.gz  every gateway log and profile pytest wrote (its basetemp; not the
+#                                synthetic tokenizer, 5 MB a copy)
 #   gpu.lock                     the installed closure of the gpu extra + vllm (requirements/freeze.py)
 # Knobs: PROFILES (prefill,decode -> pytest -k), PYTEST_ARGS.
 set -uo pipefail
@@ -15,8 +16,8 @@ tag=${profiles//,/-}
 base=/tmp/gpu-tests-$tag; rm -rf "$base"
 python3 requirements/freeze.py --extra gpu --also vllm > "$OUT/gpu.lock" 2>&1
 timeout $(( deadline > 60 ? deadline : 60 )) python3 -m pytest tests/gpu -v -rA -p no:cacheprovider \
-  --basetemp="$base" -k "${profiles//,/ or }" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests-$tag.txt"
+  --basetemp="$base" -k "[${profiles//,/] or [}]" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/gpu-tests-$tag.txt"
 rc=${PIPESTATUS[0]}
-tar czf "$OUT/gpu-tests-$tag.tar.gz" -C /tmp "$(basename "$base")" 2>/dev/null
+tar czf "$OUT/gpu-tests-$tag.tar.gz" --exclude=model -C /tmp "$(basename "$base")" 2>/dev/null
 echo "gpu-tests ($profiles) exit $rc after $(( SECONDS - t0 ))s"
 exit "$rc"

@@ -21,5 +21,5 @@ python3 benchmarks/http_overhead.py --device gpu --deadline-s "$deadline" --min-
   --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, token-id prompts" \
   --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"
 # One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
-tar czf "$OUT/part2-work.tar.gz" -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
+tar czf "$OUT/part2-work.tar.gz" --exclude=gemma-4-e2b-synth -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part2 done after $(( SECONDS - t0 ))s"

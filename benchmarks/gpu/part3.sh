@@ -20,5 +20,5 @@ python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
   --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic tokenizer, gpu_memory_utilization 0.45" \
   --doc "$OUT/part3.json" ${EXTRA:-} 2>&1 | tee "$OUT/part3.log"
 # One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
-tar czf "$OUT/part3-work.tar.gz" -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
+tar czf "$OUT/part3-work.tar.gz" --exclude=gemma-4-e2b-synth -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part3 done after $(( SECONDS - t0 ))s"

@@ -22,7 +22,7 @@ from server.engine.types import (
     TokenLogprob,
     TopLogprob,
 )
-from server.engine.vllm_engine import VllmEngine
+from server.engine.vllm_engine import VllmEngine, note_stop_signal
 
 __all__ = [
     "ChoiceOutput",
@@ -35,6 +35,7 @@ __all__ = [
     "VllmEngine",
     "engine_args_kwargs",
     "engine_runtime_dirs",
+    "note_stop_signal",
     "prepare_engine_environment",
     "release_freed_memory",
     "run_abandonable",

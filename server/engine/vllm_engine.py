@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import logging
 import shutil
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,41 @@ from server.profile_checks import check_parallelism
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.engine")
+
+_stop_signalled = threading.Event()
+
+
+def note_stop_signal() -> None:
+    """A stop signal arrived: from now on the engine core may exit on its own.
+
+    A terminal's Ctrl-C (and any signal sent to the process group) reaches vLLM's engine
+    processes too, and they stop at once, before the gateway has drained and stopped the
+    engine in order. `AsyncLLM`'s output handler then sees the core die and would log
+    `EngineDeadError` at ERROR with a traceback, for a stop the operator asked for.
+    """
+    _stop_signalled.set()
+
+
+class _CoreExitOnStopSignal(logging.Filter):
+    """Turns the output handler's EngineDeadError traceback into one INFO line once a stop
+    signal arrived; an engine that dies while serving is still logged as the error it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
+        if _stop_signalled.is_set() and record.exc_info and isinstance(record.exc_info[1], VllmEngineDead):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = "the engine core exited during shutdown (the stop signal reached it too): %s"
+            record.args = (record.exc_info[1],)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _install_core_exit_filter() -> None:
+    # vLLM 0.26 and 0.32 both log from AsyncLLM's module logger.
+    vllm_logger = logging.getLogger("vllm.v1.engine.async_llm")
+    if not any(isinstance(f, _CoreExitOnStopSignal) for f in vllm_logger.filters):
+        vllm_logger.addFilter(_CoreExitOnStopSignal())
 
 
 def _to_token_logprob(token_id: int, position: Any, limit: int) -> TokenLogprob:
@@ -92,6 +128,7 @@ class VllmEngine:
                     f"vLLM {vllm.__version__} has no engine argument(s) {unknown}; remove "
                     "them from the profile (engine.extra_engine_args or the named fields)."
                 )
+            _install_core_exit_filter()
             logger.info("starting vLLM %s engine: %s", vllm.__version__, kwargs)
             args = AsyncEngineArgs(**kwargs)
             return AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER), vllm.__version__

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCKS = {
     "cpu.lock": ["cpu", "test"],
     "cpu-vllm026.lock": ["test"],
-    "gpu.lock": ["gpu"],
+    "gpu.lock": ["gpu", "test"],
 }
 # Declared by the vLLM builds but CUDA-only extras on CPU: removed after install, never locked.
 CPU_STRAYS = {"torchvision", "torchaudio", "torchcodec", "triton"}
