@@ -82,7 +82,6 @@ class Gateway:
         self._stopping = False
         self._finishing = False  # the HTTP server is down; the engine is being stopped
         self._tasks: set[asyncio.Task[None]] = set()
-        self._engine_processes_at_stop: list[psutil.Process] = []
 
     def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
         task = asyncio.ensure_future(coro)
@@ -137,9 +136,6 @@ class Gateway:
             return
         logger.info("%s received: draining (timeout %.0f s)", sig.name, self.settings.server.drain_timeout_s)
         note_stop_signal()
-        # Taken now, while the engine core still parents its workers: if the signal reached the
-        # core too, its workers outlive it, re-parented away from this process.
-        self._engine_processes_at_stop = engine_processes()
         self._stopping = True
         self.notifier.stopping(f"draining {self.holder.in_flight} request(s)")
         self._spawn(self._drain_then_exit())
@@ -216,6 +212,7 @@ class Gateway:
         return self.settings.server.port
 
     async def run(self) -> int:
+        become_subreaper()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)
@@ -250,8 +247,7 @@ class Gateway:
             else:
                 # Engine processes that got the stop signal themselves (Ctrl-C signals the whole
                 # process group) may still be stopping: exit after them, never leave orphans.
-                await asyncio.to_thread(wait_for_engine_processes, ENGINE_EXIT_WAIT_S,
-                                        self._engine_processes_at_stop)
+                await asyncio.to_thread(wait_for_engine_processes, ENGINE_EXIT_WAIT_S)
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -274,11 +270,26 @@ def engine_processes() -> list[psutil.Process]:
     return processes
 
 
-def wait_for_engine_processes(wait_s: float, known: list[psutil.Process]) -> None:
-    """Give engine processes (descendants now, and `known` ones that may have been re-parented)
-    `wait_s` to exit on their own, then terminate what is left."""
-    processes = {*engine_processes(), *known}
-    _, alive = psutil.wait_procs(list(processes), timeout=wait_s)
+def become_subreaper() -> None:
+    """Adopt orphaned descendants (Linux `PR_SET_CHILD_SUBREAPER`).
+
+    When a signal reaches vLLM's engine core itself (Ctrl-C signals the whole process group),
+    the core can exit before its workers, which would then be re-parented to init and outlive
+    the gateway. As a subreaper the gateway keeps them as descendants, waits for them and reaps
+    them before it exits.
+    """
+    import ctypes
+
+    pr_set_child_subreaper = 36
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: orphans go to init as before
+        logger.debug("cannot become a child subreaper", exc_info=True)
+
+
+def wait_for_engine_processes(wait_s: float) -> None:
+    """Give engine processes `wait_s` to exit on their own, then terminate what is left."""
+    _, alive = psutil.wait_procs(engine_processes(), timeout=wait_s)
     if alive:
         logger.warning("%d engine process(es) still running %.0f s after the engine stopped: terminating",
                        len(alive), wait_s)

@@ -6,15 +6,16 @@ checks at install time that a dependency added to pyproject.toml made it into ev
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "requirements"))
+from freeze import project_requirements  # noqa: E402  (requirements/ is not a package)
 LOCKS = {
     "cpu.lock": ["cpu", "test"],
     "cpu-vllm026.lock": ["test"],
@@ -36,14 +37,6 @@ def read_lock(path: Path) -> dict[str, Version]:
         assert key not in pins, f"{path.name}: {name} is pinned twice"
         pins[key] = Version(version)
     return pins
-
-
-def project_requirements(extras: list[str]) -> list[Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    lines = list(project["dependencies"])
-    for extra in extras:
-        lines += project["optional-dependencies"][extra]
-    return [Requirement(line) for line in lines]
 
 
 @pytest.mark.parametrize("lock", sorted(LOCKS))
