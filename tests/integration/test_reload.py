@@ -222,7 +222,10 @@ def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path
             server.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)))
         if strategy == "drain-swap":
             late.start()  # waits in the reload queue
-            time.sleep(0.5)
+            queue_deadline = time.monotonic() + 60
+            while status(server)["queued"] < 1:  # a bare sleep lost the race on a loaded machine
+                assert time.monotonic() < queue_deadline, "the late request never reached the reload queue"
+                time.sleep(0.1)
         children = descendants(server.proc.pid)
         assert children, "the engine processes should be running"
         signalled = time.monotonic()
