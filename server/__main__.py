@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from typing import Any
 
@@ -30,6 +31,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", action="append", help="accepted API key (auth.api_keys); repeatable")
     parser.add_argument("--api-key-file", help="file of API keys, one per line (auth.api_key_file)")
     parser.add_argument("--admin-key", action="append", help="admin key for /admin/* (auth.admin_keys); repeatable")
+    parser.add_argument("--keys-file", help="tenants' keys file: keys, limits, quotas (tenants.keys_file)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,6 +52,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "admin_keys": args.admin_key,
     }
     out: dict[str, Any] = {}
+    if args.keys_file is not None:
+        out["tenants"] = {"keys_file": args.keys_file}
     if any(v is not None for v in auth.values()):
         out["auth"] = {k: v for k, v in auth.items() if v is not None}
     if any(v is not None for v in server.values()):
@@ -118,6 +122,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     shown = settings.model_dump(mode="json")
     for field in ("api_keys", "admin_keys"):
         shown["auth"][field] = ["***"] * len(shown["auth"][field])  # never print secrets
+    if shown["tenants"]["redis_url"]:
+        shown["tenants"]["redis_url"] = re.sub(r"//[^@/]*@", "//***@", shown["tenants"]["redis_url"])
     print(json.dumps(shown, indent=2))
     for warning in profile_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)

@@ -184,6 +184,8 @@ class Gateway:
 
     def _on_sighup(self) -> None:
         async def run() -> None:
+            if self.app.state.tenancy.enabled:
+                await self.app.state.tenancy.reload_keys()
             try:
                 result = await self.reload()
                 logger.info("SIGHUP reload: %s", result.outcome)
@@ -227,6 +229,7 @@ class Gateway:
                 "the API. Set auth.api_keys (--api-key) or bind to 127.0.0.1 behind a proxy.",
                 self.settings.server.host,
             )
+        await self.app.state.tenancy.start()
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
@@ -255,6 +258,7 @@ class Gateway:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.app.state.tenancy.stop()  # after the last request: its usage is written too
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
 

@@ -120,6 +120,54 @@ class LimitSettings(BaseModel):
     """Time to the first generated token before the request is aborted with a 504."""
 
 
+class TenantSettings(BaseModel):
+    """Tenants: API keys with per-tenant rate limits and token quotas (README, "Tenants")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys_file: Path | None = None
+    """YAML keys file: tenants, their API keys (plain or `sha256:<hex>`) and limits. None: no
+    tenants; every request is tenant `default`, without limits."""
+
+    limiter: Literal["memory", "redis"] = "memory"
+    """Where the rate-limit and quota counters live: `memory` (each instance counts alone) or
+    `redis` (shared by every instance that uses the same Redis)."""
+
+    redis_url: str | None = None
+    """Redis for `limiter: redis`, e.g. `redis://127.0.0.1:6379/0` (`rediss://` for TLS)."""
+
+    redis_key_prefix: str = Field("llm-gateway", min_length=1)
+    """Prefix of every Redis key the gateway writes (several deployments can share one Redis)."""
+
+    redis_timeout_s: float = Field(0.25, gt=0)
+    """Longest a Redis call may take before the request is decided without Redis."""
+
+    redis_retry_s: float = Field(5.0, gt=0)
+    """After a Redis error, how long to decide without Redis before trying it again."""
+
+    on_redis_error: Literal["per-instance", "reject"] = "per-instance"
+    """Without Redis: `per-instance` counts in this instance's memory (limits hold per instance),
+    `reject` answers 503 + Retry-After."""
+
+    usage_db: Path | None = None
+    """SQLite file of per-tenant daily usage (requests, tokens); None:
+    `<server.state_dir>/usage.sqlite3`. Used only with a keys file. Instances on one host may
+    share it."""
+
+    usage_flush_interval_s: float = Field(1.0, gt=0)
+    """How often usage is written to the usage store (and read back by instances sharing it)."""
+
+    watch_keys_file: bool = True
+    """Re-read the keys file when it changes (polled): keys and limits change without a restart.
+    An invalid new file is refused with an error in the log; the previous keys stay."""
+
+    watch_interval_s: float = Field(2.0, gt=0)
+    """How often the keys file's modification time is checked."""
+
+    def usage_path(self, state_dir: Path) -> Path:
+        return self.usage_db if self.usage_db is not None else Path(state_dir) / "usage.sqlite3"
+
+
 class ReloadSettings(BaseModel):
     """Hot reload of the engine profile (SIGHUP, POST /admin/reload, or a config file change)."""
 
@@ -269,6 +317,9 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     """Per-request limits."""
 
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
+    """Tenants: keys file, rate limiter (memory or Redis), usage store."""
+
     reload: ReloadSettings = Field(default_factory=ReloadSettings)
     """Hot reload strategy and limits."""
 
@@ -285,6 +336,22 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlProfileSource(settings_cls, settings_cls.profile_file))
+
+    @model_validator(mode="after")
+    def _tenant_rules(self) -> Settings:
+        tenants = self.tenants
+        if tenants.limiter == "redis" and not tenants.redis_url:
+            raise ValueError("tenants.limiter is `redis` but tenants.redis_url is not set "
+                             "(e.g. redis://127.0.0.1:6379/0)")
+        if tenants.keys_file is None:
+            return self
+        from server.tenants.keys import load_directory
+
+        try:
+            load_directory(tenants.keys_file, self.auth.resolved_api_keys(), self.auth.resolved_admin_keys())
+        except (ValueError, OSError) as exc:  # OSError: auth.api_key_file cannot be read
+            raise ValueError(f"tenants.keys_file: {exc}") from None
+        return self
 
     @property
     def served_model_name(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from server.errors import error_body
@@ -52,6 +52,19 @@ async def admin_status(request: Request) -> JSONResponse:
     engine = holder.engine
     status["engine_unfinished_requests"] = await engine.num_unfinished_requests() if engine else 0
     return JSONResponse(status)
+
+
+DAY_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+
+
+@router.get("/admin/usage", summary="Usage per tenant and UTC day from the usage store (admin key)")
+async def admin_usage(
+    request: Request,
+    tenant: str | None = Query(None, max_length=64, description="only this tenant"),
+    since: str | None = Query(None, pattern=DAY_PATTERN, description="first UTC day, YYYY-MM-DD"),
+    until: str | None = Query(None, pattern=DAY_PATTERN, description="last UTC day, YYYY-MM-DD"),
+) -> JSONResponse:
+    return JSONResponse(await request.app.state.tenancy.usage_report(tenant, since, until))
 
 
 class ReloadRequest(BaseModel):

@@ -276,8 +276,9 @@ class CompletionService(GenerationService):
                 )
                 yield sse(final.model_dump_json())
         except Exception as exc:  # never leave a started stream without an ending
-            stats.completion_tokens = sum(s.tokens for s in states.values())
             yield sse_error(exc, request_id)
         finally:
+            # Also when the client went away mid-stream: what was generated until then counts.
+            stats.completion_tokens = sum(s.tokens for s in states.values())
             await merged.aclose()
         yield DONE_EVENT

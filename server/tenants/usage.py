@@ -1,0 +1,152 @@
+"""The usage store: requests and tokens per tenant and UTC day, in SQLite.
+
+Requests add to an in-memory batch; `flush` (every `tenants.usage_flush_interval_s`, at shutdown
+and before a usage report) adds the batch to the file in one transaction, in a worker thread.
+The file is in WAL mode with a busy timeout, so instances on one host may share it; each adds
+its own counts (upserts that add, never overwrite).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("llm_gateway.tenants")
+
+COUNTS = ("requests", "rate_limited", "prompt_tokens", "completion_tokens")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    tenant TEXT NOT NULL,
+    day TEXT NOT NULL,               -- UTC, YYYY-MM-DD
+    requests INTEGER NOT NULL DEFAULT 0,          -- admitted generation requests
+    rate_limited INTEGER NOT NULL DEFAULT 0,      -- refused with 429 (rate limit or quota)
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant, day)
+)
+"""
+UPSERT = """
+INSERT INTO usage (tenant, day, requests, rate_limited, prompt_tokens, completion_tokens)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (tenant, day) DO UPDATE SET
+    requests = requests + excluded.requests,
+    rate_limited = rate_limited + excluded.rate_limited,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens
+"""
+
+
+@dataclass
+class UsageRow:
+    tenant: str
+    day: str
+    requests: int = 0
+    rate_limited: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total_tokens": self.total_tokens}
+
+
+def day_of(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+
+
+class UsageStore:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self._pending: dict[tuple[str, str], list[int]] = {}
+        self._db: sqlite3.Connection | None = None
+        self._db_lock = threading.Lock()  # one connection, used from worker threads one at a time
+        self._flushing = asyncio.Lock()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(SCHEMA)
+            self._db = db
+        return self._db
+
+    def record(self, tenant: str, *, requests: int = 0, rate_limited: int = 0,
+               prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        counts = self._pending.setdefault((tenant, day_of(self.clock())), [0, 0, 0, 0])
+        for i, value in enumerate((requests, rate_limited, prompt_tokens, completion_tokens)):
+            counts[i] += value
+
+    def _write(self, batch: dict[tuple[str, str], list[int]]) -> None:
+        with self._db_lock:
+            db = self._connect()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(UPSERT, [(t, d, *c) for (t, d), c in batch.items()])
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    async def flush(self) -> None:
+        async with self._flushing:
+            batch, self._pending = self._pending, {}
+            if not batch:
+                return
+            try:
+                await asyncio.to_thread(self._write, batch)
+            except (sqlite3.Error, OSError) as exc:
+                logger.error("usage store %s: write failed (%s); keeping %d rows for the next flush",
+                             self.path, exc, len(batch))
+                for key, counts in batch.items():  # merged with what arrived meanwhile
+                    pending = self._pending.setdefault(key, [0, 0, 0, 0])
+                    for i, value in enumerate(counts):
+                        pending[i] += value
+
+    def _query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._db_lock:
+            return self._connect().execute(sql, args).fetchall()
+
+    async def month_tokens(self, period: str) -> dict[str, int]:
+        """Tokens per tenant in the month `period` ("YYYY-MM"), as the file holds them."""
+        rows = await asyncio.to_thread(
+            self._query, "SELECT tenant, SUM(prompt_tokens + completion_tokens) FROM usage "
+            "WHERE day LIKE ? GROUP BY tenant", (f"{period}-%",))
+        return {tenant: int(total) for tenant, total in rows}
+
+    async def rows(self, tenant: str | None = None, since: str | None = None,
+                   until: str | None = None) -> list[UsageRow]:
+        """Daily rows, oldest first, after writing what is pending; `since`/`until` are
+        inclusive UTC days (YYYY-MM-DD)."""
+        await self.flush()
+        where, args = [], []
+        for clause, value in (("tenant = ?", tenant), ("day >= ?", since), ("day <= ?", until)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        sql = f"SELECT tenant, day, {', '.join(COUNTS)} FROM usage"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY day, tenant"
+        return [UsageRow(*row) for row in await asyncio.to_thread(self._query, sql, tuple(args))]
+
+    async def close(self) -> None:
+        await self.flush()
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
