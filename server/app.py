@@ -54,6 +54,7 @@ class MetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                scope["state"]["status"] = status  # for inner middleware that count once the app is done
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [
                     (b"x-request-id", request_id.encode("latin-1", "replace"))

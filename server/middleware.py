@@ -277,6 +277,15 @@ class TenantLimitMiddleware:
         self.tenancy = tenancy
         self.metrics = metrics
         self.context_length = context_length
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _counter(self, family: Any, *label_values: str) -> Any:
+        """A counter's child, looked up once: labels() takes a lock and builds a key on every call."""
+        key = (id(family), label_values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*label_values)
+        return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] not in LIMITED_ROUTES:
@@ -293,7 +302,7 @@ class TenantLimitMiddleware:
             try:
                 decision = await self._decide(tenant, reserved)
             except GatewayError as exc:  # no Redis and tenants.on_redis_error: reject
-                self.metrics.tenant_requests.labels(tenant=tenant.name, status=str(exc.status)).inc()
+                self._counter(self.metrics.tenant_requests, tenant.name, str(exc.status)).inc()
                 await send_gateway_error(send, exc)
                 return
             if not decision.allowed:
@@ -319,37 +328,41 @@ class TenantLimitMiddleware:
     async def _refuse(self, send: Send, state: dict[str, Any], decision: Decision) -> None:
         name = decision.tenant.name
         state["rejection_reason"] = "quota" if decision.reason == QUOTA else "rate_limit"
-        self.metrics.tenant_rate_limited.labels(tenant=name, reason=decision.reason).inc()
-        self.metrics.tenant_requests.labels(tenant=name, status="429").inc()
+        self._counter(self.metrics.tenant_rate_limited, name, decision.reason or "").inc()
+        self._counter(self.metrics.tenant_requests, name, "429").inc()
         self.tenancy.refused(decision.tenant)
         await send_gateway_error(send, refusal_error(decision, self.tenancy.clock()))
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, state: dict[str, Any],
                    tenant: Tenant, decision: Decision | None) -> None:
-        extra = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()] if decision else []
-        status = 500
+        if decision is not None:
+            extra = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
+            downstream = send
 
-        async def send_with_headers(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if extra:
+            async def send_with_headers(message: Message) -> None:
+                if message["type"] == "http.response.start":
                     message["headers"] = list(message.get("headers", [])) + extra
-            await send(message)
+                await downstream(message)
 
+            send = send_with_headers
         try:
-            await self.app(scope, receive, send_with_headers)
+            await self.app(scope, receive, send)
         finally:
             stats = state.get("stats")
             prompt = stats.prompt_tokens if stats is not None else 0
             completion = stats.completion_tokens if stats is not None else 0
-            self.metrics.tenant_requests.labels(tenant=tenant.name, status=str(status)).inc()
-            self.metrics.tenant_tokens.labels(tenant=tenant.name, kind="prompt").inc(prompt)
-            self.metrics.tenant_tokens.labels(tenant=tenant.name, kind="completion").inc(completion)
-            try:
-                used = await self.tenancy.finish(tenant, decision, prompt, completion)
-            except Exception:  # a failed settlement must not turn a served request into an error
-                logger.exception("settling tenant %s's request failed", tenant.name)
-                used = None
-            if used is not None:
-                self.metrics.tenant_quota_used.labels(tenant=tenant.name).set(used)
+            # MetricsMiddleware (outermost) notes the status as the response starts.
+            self._counter(self.metrics.tenant_requests, tenant.name, str(state.get("status", 500))).inc()
+            self._counter(self.metrics.tenant_tokens, tenant.name, "prompt").inc(prompt)
+            self._counter(self.metrics.tenant_tokens, tenant.name, "completion").inc(completion)
+            if self.tenancy.enabled:
+                await self._finish(tenant, decision, prompt, completion)
+
+    async def _finish(self, tenant: Tenant, decision: Decision | None, prompt: int, completion: int) -> None:
+        try:
+            used = await self.tenancy.finish(tenant, decision, prompt, completion)
+        except Exception:  # a failed settlement must not turn a served request into an error
+            logger.exception("settling tenant %s's request failed", tenant.name)
+            return
+        if used is not None:
+            self.metrics.tenant_quota_used.labels(tenant=tenant.name).set(used)

@@ -11,6 +11,7 @@ and settlements, per calendar month (UTC). A refused request takes nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -74,7 +75,13 @@ class RateLimiter(Protocol):
 
 def period_of(now: float) -> str:
     """The quota period (calendar month, UTC) `now` falls in, e.g. "2026-12"."""
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m")
+    return _period_of_minute(int(now // 60))
+
+
+@functools.lru_cache(maxsize=4)
+def _period_of_minute(minute: int) -> str:
+    # Asked on every request; a month starts on a whole minute, so one answer serves a minute.
+    return datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m")
 
 
 def seconds_to_next_period(now: float) -> float:
@@ -95,7 +102,7 @@ def bucket_view(level: float, limit: int) -> Bucket:
     return Bucket(limit, max(math.floor(level), 0), seconds_until(level, limit, limit))
 
 
-def refusal(tenant: Tenant, tokens: int, *, quota_used: int | None, quota_left_s: float,
+def refusal(tenant: Tenant, tokens: int, *, quota_used: int | None, now: float,
             request_wait: float | None, token_wait: float | None) -> tuple[str, float, bool] | None:
     """(reason, retry after, never) when the request cannot be admitted now, else None.
 
@@ -104,7 +111,7 @@ def refusal(tenant: Tenant, tokens: int, *, quota_used: int | None, quota_left_s
     such limit)."""
     limits = tenant.limits
     if limits.monthly_tokens is not None and quota_used is not None and quota_used + tokens > limits.monthly_tokens:
-        return QUOTA, quota_left_s, tokens > limits.monthly_tokens
+        return QUOTA, seconds_to_next_period(now), tokens > limits.monthly_tokens
     if limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute:
         return TOKENS, 0.0, True
     request_wait, token_wait = request_wait or 0.0, token_wait or 0.0
@@ -136,7 +143,7 @@ class MemoryRateLimiter:
         tok_level = self._level(name, TOKENS, tpm, now) if tpm else None
         quota_used = self._quota.get((name, period), 0) if limits.monthly_tokens else None
         refused = refusal(
-            tenant, tokens, quota_used=quota_used, quota_left_s=seconds_to_next_period(now),
+            tenant, tokens, quota_used=quota_used, now=now,
             request_wait=seconds_until(req_level, 1, rpm) if rpm else None,
             token_wait=seconds_until(tok_level, tokens, tpm) if tpm else None)
         decision = Decision(tenant, tokens, allowed=refused is None, period=period, quota_used=quota_used)

@@ -70,7 +70,10 @@ class Tenancy:
         if decision is None or self.limiter is None or decision.settled:
             return None
         decision.settled = True
-        return await self.limiter.settle(decision, prompt_tokens + completion_tokens)
+        used = prompt_tokens + completion_tokens
+        if used == decision.reserved or not decision.tenant.limits.counts_tokens:
+            return decision.quota_used  # nothing to give back or take: spare Redis the round trip
+        return await self.limiter.settle(decision, used)
 
     def refused(self, tenant: Tenant) -> None:
         if self.usage is not None:

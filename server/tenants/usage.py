@@ -9,6 +9,7 @@ its own counts (upserts that add, never overwrite).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import threading
@@ -63,7 +64,13 @@ class UsageRow:
 
 
 def day_of(now: float) -> str:
-    return datetime.fromtimestamp(now, timezone.utc).strftime("%Y-%m-%d")
+    return _day_of_minute(int(now // 60))
+
+
+@functools.lru_cache(maxsize=4)
+def _day_of_minute(minute: int) -> str:
+    # Asked on every request; a UTC day starts on a whole minute, so one answer serves a minute.
+    return datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m-%d")
 
 
 class UsageStore:
