@@ -293,6 +293,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def dump(result: dict[str, Any]) -> str:
+    """The result as JSON: the summary indented, each round's block of latencies on one line."""
+    head = json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=1)
+    rounds = ",\n  ".join(json.dumps(r) for r in result["rounds"])
+    return f'{head[:-2]},\n "rounds": [\n  {rounds}\n ]\n}}\n'
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -316,7 +323,7 @@ def main() -> None:
     print(table(result["summary"]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(dump(result))
         print(f"wrote {args.out}")
 
 
