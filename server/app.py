@@ -81,6 +81,8 @@ def access_line(scope: Scope, request_id: str, path: str, status: int, duration:
     """One structured line per request; never the prompt or the output."""
     parts = [f"request_id={request_id}", f"method={scope.get('method')}", f"route={path}", f"status={status}"]
     state = scope.get("state", {})
+    if (tenant := state.get("tenant")) is not None:
+        parts.append(f"tenant={tenant.name}")
     stats = state.get("stats")
     if stats is not None:
         parts.append(f"completion_id={state.get('completion_id')}")

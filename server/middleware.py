@@ -288,7 +288,7 @@ class TenantLimitMiddleware:
         return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in LIMITED_ROUTES:
+        if scope["type"] != "http" or scope["path"] not in LIMITED_ROUTES or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

@@ -16,7 +16,7 @@ from server.settings import Settings, TenantSettings
 from server.tenants.keys import KeyDirectory, Tenant, load_directory
 from server.tenants.limiter import Decision, MemoryRateLimiter, RateLimiter, period_of
 from server.tenants.redis_limiter import RedisRateLimiter
-from server.tenants.usage import UsageStore
+from server.tenants.usage import UsageRow, UsageStore
 
 logger = logging.getLogger("llm_gateway.tenants")
 
@@ -147,17 +147,15 @@ class Tenancy:
         if self.usage is None:
             return {"object": "list", "data": [], "tenants": {}}
         rows = await self.usage.rows(tenant, since, until)
+        names = [name for name in self.directory.tenants if tenant is None or name == tenant]
+        names += sorted({row.tenant for row in rows} - set(names))  # tenants since removed from the file
         totals: dict[str, dict[str, Any]] = {}
-        for name, t in self.directory.tenants.items():
-            if tenant is None or name == tenant:
-                totals[name] = {"limits": t.limits.model_dump(), "requests": 0, "rate_limited": 0,
-                                "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        for name in names:
+            known = self.directory.tenants.get(name)
+            totals[name] = {"limits": known.limits.model_dump() if known else None, **UsageRow(name, "").counts()}
         for row in rows:
-            entry = totals.setdefault(row.tenant, {"limits": None, "requests": 0, "rate_limited": 0,
-                                                   "prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0})
-            for key, value in row.as_dict().items():
-                if key not in ("tenant", "day"):
-                    entry[key] += value
+            for key, value in row.counts().items():
+                totals[row.tenant][key] += value
         period = period_of(self.clock())
         month = await self.usage.month_tokens(period)
         for name, entry in totals.items():

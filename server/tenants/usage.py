@@ -15,7 +15,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -59,8 +59,11 @@ class UsageRow:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def counts(self) -> dict[str, int]:
+        return {**{name: getattr(self, name) for name in COUNTS}, "total_tokens": self.total_tokens}
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_tokens": self.total_tokens}
+        return {"tenant": self.tenant, "day": self.day, **self.counts()}
 
 
 def day_of(now: float) -> str:
