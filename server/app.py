@@ -181,7 +181,8 @@ def build_app(
     app.include_router(ops_routes.router)
     # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read,
     # and the tenant limiter reads a body already capped.
-    app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics, context_length=context_length)
+    app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics, context_length=context_length,
+                       served_model=lambda: holder.settings.served_model_name)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(
         AuthMiddleware,

@@ -40,8 +40,8 @@ RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.
 
 ENGINE_STATES = ("starting", "serving", "reloading", "draining", "dead", "stopped")
 
-REJECTION_REASONS = ("auth", "overload", "rate_limit", "quota", "validation", "unavailable")
-TENANT_REFUSALS = ("requests", "tokens", "quota")
+REJECTION_REASONS = ("auth", "overload", "rate_limit", "budget", "validation", "unavailable")
+TENANT_REFUSALS = ("requests", "tokens", "concurrency", "budget")
 
 # Routes kept out of request metrics: scraping and probing are not traffic.
 UNMEASURED_ROUTES = frozenset({"/metrics", "/health", "/ready"})
@@ -103,20 +103,20 @@ class GatewayMetrics:
             "gateway_tenant_tokens", "Tokens used by tenant: kind is prompt or completion.",
             ["tenant", "kind"], registry=r)
         self.tenant_rate_limited = Counter(
-            "gateway_tenant_rate_limited", "Requests refused with 429 by the tenant's limits, by the "
-            "limit that refused them (requests, tokens, quota).", ["tenant", "reason"], registry=r)
-        self.tenant_quota = Gauge(
-            "gateway_tenant_quota_tokens", "The tenant's monthly token quota.", ["tenant"], registry=r)
-        self.tenant_quota_used = Gauge(
-            "gateway_tenant_quota_used_tokens", "Tokens counted against the tenant's quota this month "
-            "(in-flight requests count their reservation).", ["tenant"], registry=r)
+            "gateway_tenant_rate_limited", "Requests refused with 429 (or streams ended) by the tenant's "
+            "limits, by the limit: requests, tokens, concurrency, budget.", ["tenant", "reason"], registry=r)
+        self.tenant_budget = Gauge(
+            "gateway_tenant_budget_tokens", "The tenant's token budget per period (day or month).",
+            ["tenant"], registry=r)
+        self.tenant_budget_used = Gauge(
+            "gateway_tenant_budget_used_tokens", "Tokens counted against the tenant's budget this period "
+            "(running requests count what they hold).", ["tenant"], registry=r)
         self.limiter_duration = Histogram(
             "gateway_tenant_limiter_duration_seconds", "Time to decide a request's tenant limits.",
             ["backend"], buckets=LIMITER_BUCKETS, registry=r)
         self.limiter_degraded = Counter(
-            "gateway_tenant_limiter_degraded", "Requests decided without Redis, because it failed or is "
-            "left alone for tenants.redis_retry_s after a failure (counted per instance, or 503).",
-            registry=r)
+            "gateway_tenant_limiter_degraded", "Requests whose limits were counted per instance because "
+            "Redis failed (or is left alone for auth.redis_retry_s after a failure).", registry=r)
         self.keys_reloads = Counter(
             "gateway_tenant_keys_reloads", "Re-reads of the keys file by outcome.", ["outcome"], registry=r)
         self.profile = Info(
@@ -154,7 +154,7 @@ class GatewayMetrics:
         self.profile.info(labels)
 
     def observe_rejection(self, status: int, reason: str | None = None) -> None:
-        """`reason` where the refusing layer knows it (a tenant's `rate_limit` / `quota`), else by status."""
+        """`reason` where the refusing layer knows it (a tenant's `rate_limit` / `budget`), else by status."""
         reason = reason or {401: "auth", 403: "auth", 429: "overload", 503: "unavailable"}.get(status)
         if reason is None and 400 <= status < 500:
             reason = "validation"
@@ -168,11 +168,11 @@ class GatewayMetrics:
                 self.tenant_tokens.labels(tenant=tenant.name, kind=kind)
             for refusal in TENANT_REFUSALS:
                 self.tenant_rate_limited.labels(tenant=tenant.name, reason=refusal)
-            if tenant.limits.monthly_tokens:
-                self.tenant_quota.labels(tenant=tenant.name).set(tenant.limits.monthly_tokens)
-                self.tenant_quota_used.labels(tenant=tenant.name)
-            else:  # a reloaded keys file may have dropped the quota
-                for gauge in (self.tenant_quota, self.tenant_quota_used):
+            if tenant.limits.budget_tokens:
+                self.tenant_budget.labels(tenant=tenant.name).set(tenant.limits.budget_tokens)
+                self.tenant_budget_used.labels(tenant=tenant.name)
+            else:  # a reloaded keys file may have dropped the budget
+                for gauge in (self.tenant_budget, self.tenant_budget_used):
                     with contextlib.suppress(KeyError):
                         gauge.remove(tenant.name)
 

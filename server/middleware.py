@@ -1,5 +1,5 @@
 """Pure-ASGI middleware that refuses requests before they reach a route: API keys and tenants,
-body size, tenant rate limits and quotas.
+body size, tenant limits and budgets.
 
 This is the only module that authenticates a request and the only one that asks the tenant
 limiter (`server.tenants`); routes and serving never see a tenant.
@@ -18,10 +18,17 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import GatewayError, InsufficientQuotaError, RateLimitExceededError, error_body
+from server.errors import (
+    GatewayError,
+    InsufficientQuotaError,
+    ModelNotFoundError,
+    RateLimitExceededError,
+    error_body,
+    sse_error_event,
+)
 from server.metrics import GatewayMetrics
 from server.tenants.keys import Tenant
-from server.tenants.limiter import QUOTA, REQUESTS, Bucket, Decision, period_of, seconds_to_next_period
+from server.tenants.limiter import BUDGET, CONCURRENCY, REQUESTS, Bucket, Decision, period_of, seconds_to_next_period
 from server.tenants.reservation import reserved_tokens
 from server.tenants.service import Tenancy
 
@@ -99,7 +106,7 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         if path in self.open_paths or directory.open:
-            scope.setdefault("state", {})["tenant"] = directory.default
+            scope.setdefault("state", {})["tenant"] = directory.unnamed
             await self.app(scope, receive, send)
             return
         token = await self._bearer_or_401(scope, send)
@@ -202,37 +209,47 @@ def ratelimit_headers(decision: Decision) -> dict[str, str]:
     return headers
 
 
+def budget_spent(tenant: Tenant, used: int | None, period: str, now: float) -> InsufficientQuotaError:
+    per = tenant.limits.budget_period
+    renews = period_of(now + seconds_to_next_period(now, per) + 1, per)
+    return InsufficientQuotaError(
+        f"You exceeded your current quota: tenant {tenant.name} has used {used or 0} of its "
+        f"{tenant.limits.budget_tokens} tokens for {period}. The budget renews with {renews} (UTC).")
+
+
 def refusal_error(decision: Decision, now: float) -> GatewayError:
     """The 429 for a refused request, in OpenAI's words and shape, with its retry headers."""
-    tenant, limits, reserved = decision.tenant, decision.tenant.limits, decision.reserved
+    tenant, reserved = decision.tenant, decision.reserved
     headers = ratelimit_headers(decision)
-    if decision.reason == QUOTA:
-        left = seconds_to_next_period(now)
-        renews = period_of(now + left + 1)
-        headers.update({"Retry-After": str(math.ceil(left)), "x-should-retry": "false"})
-        used = decision.quota_used or 0
-        why = (f"this request may use up to {reserved} tokens, more than the whole quota; lower max_tokens"
-               if decision.never else f"this request may use up to {reserved} tokens (its prompt plus max_tokens x n)")
-        return InsufficientQuotaError(
-            f"You exceeded your current quota: tenant {tenant.name} has used {used} of its "
-            f"{limits.monthly_tokens} tokens for {decision.period}, and {why}. The quota renews "
-            f"with {renews} (UTC).", headers=headers)
-    bucket: Bucket | None = decision.requests if decision.reason == REQUESTS else decision.tokens
-    unit = "requests per min (RPM)" if decision.reason == REQUESTS else "tokens per min (TPM)"
-    limit = bucket.limit if bucket else 0
+    if decision.reason == BUDGET:
+        error = budget_spent(tenant, decision.budget_used, decision.period, now)
+        error.headers = {**headers, "Retry-After": str(math.ceil(decision.retry_after_s)), "x-should-retry": "false"}
+        return error
     if decision.never:
         headers["x-should-retry"] = "false"
         return RateLimitExceededError(
-            f"Request too large for tenant {tenant.name} on {unit}: Limit {limit}, Requested {reserved} "
-            "(the prompt plus max_tokens x n, or the whole context when max_tokens is not set). "
-            "Lower max_tokens or shorten the prompt.", param="max_tokens", headers=headers)
+            f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
+            f"{tenant.limits.tokens_per_minute}, Requested {reserved} (the prompt plus max_tokens x n, or the "
+            "whole context when max_tokens is not set). Lower max_tokens or shorten the prompt.",
+            param="max_tokens", headers=headers)
     wait = decision.retry_after_s
     headers.update({"Retry-After": str(max(math.ceil(wait), 1)), "retry-after-ms": str(max(math.ceil(wait * 1000), 1))})
+    if decision.reason == CONCURRENCY:
+        return RateLimitExceededError(
+            f"Too many concurrent requests for tenant {tenant.name}: Limit {tenant.limits.max_concurrent}. "
+            "Please try again when one of them has finished.", headers=headers)
+    bucket: Bucket | None = decision.requests if decision.reason == REQUESTS else decision.tokens
+    unit = "requests per min (RPM)" if decision.reason == REQUESTS else "tokens per min (TPM)"
     requested = "" if decision.reason == REQUESTS else f", Requested {reserved}"
     return RateLimitExceededError(
-        f"Rate limit reached for tenant {tenant.name} on {unit}: Limit {limit}, "
+        f"Rate limit reached for tenant {tenant.name} on {unit}: Limit {bucket.limit if bucket else 0}, "
         f"Remaining {bucket.remaining if bucket else 0}{requested}. Please try again in {duration_text(wait)}.",
         headers=headers)
+
+
+def model_refused(model: str) -> ModelNotFoundError:
+    # OpenAI's words for a model a key may not use: it does not say whether the model exists.
+    return ModelNotFoundError(f"The model `{model}` does not exist or you do not have access to it.", param="model")
 
 
 async def buffered_body(receive: Receive) -> tuple[bytes, Receive]:
@@ -262,25 +279,34 @@ def parse_json(body: bytes) -> Any:
         return None  # the route refuses it with 400; nothing is reserved for it
 
 
-class TenantLimitMiddleware:
-    """Before a generation request: ask the tenant's limiter (429 when over a limit or the quota).
-    After it (the last byte sent, or the client gone): settle the reservation with the tokens the
-    request really used, which serving reports in the request's stats (`scope["state"]["stats"]`,
-    the object the access log reads too), and record the tenant's usage and metrics.
+class _StreamEnded(Exception):
+    """Raised into the app to stop a stream this middleware has already ended."""
 
-    Runs inside BodyLimitMiddleware, so the body it reads to size the reservation is capped.
+
+class TenantLimitMiddleware:
+    """Before a generation request: the tenant's model allow-list (404) and limiter (429 over a
+    limit or the budget). After it (the last byte sent, or the client gone): settle the decision
+    with the tokens the request really used, which serving reports as it runs in the request's
+    stats (`scope["state"]["stats"]`, the object the access log reads too), and record the
+    tenant's usage and metrics. With `auth.end_streams_over_budget`, a stream that runs past its
+    share of the budget is ended with a final `insufficient_quota` event.
+
+    Runs inside BodyLimitMiddleware, so the body it reads is capped.
     """
 
     def __init__(self, app: ASGIApp, tenancy: Tenancy, metrics: GatewayMetrics,
-                 context_length: Callable[[], int | None]) -> None:
+                 context_length: Callable[[], int | None], served_model: Callable[[], str]) -> None:
         self.app = app
         self.tenancy = tenancy
         self.metrics = metrics
         self.context_length = context_length
+        self.served_model = served_model
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # A reloaded keys file may remove a tenant's budget gauges: look the children up afresh.
+        tenancy.add_directory_listener(lambda _: self._children.clear())
 
-    def _counter(self, family: Any, *label_values: str) -> Any:
-        """A counter's child, looked up once: labels() takes a lock and builds a key on every call."""
+    def _child(self, family: Any, *label_values: str) -> Any:
+        """A metric's child, looked up once: labels() takes a lock and builds a key on every call."""
         key = (id(family), label_values)
         child = self._children.get(key)
         if child is None:
@@ -288,81 +314,116 @@ class TenantLimitMiddleware:
         return child
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in LIMITED_ROUTES or scope["method"] != "POST":
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path not in LIMITED_ROUTES or scope["method"] != "POST":
+            if path == "/v1/models" and scope["method"] == "GET":
+                tenant = scope.get("state", {}).get("tenant")
+                if tenant is not None and tenant.limits.models is not None and self.served_model() not in tenant.limits.models:
+                    await self._send_json(send, 200, {"object": "list", "data": []})
+                    return
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        tenant: Tenant = state.get("tenant") or self.tenancy.default
+        tenant: Tenant = state.get("tenant") or self.tenancy.unnamed
+        limits = tenant.limits
         decision: Decision | None = None
-        if self.tenancy.enabled and tenant.limits.any:
-            reserved = 0
-            if tenant.limits.counts_tokens:
-                body, receive = await buffered_body(receive)
-                reserved = reserved_tokens(parse_json(body), LIMITED_ROUTES[scope["path"]], self.context_length())
-            try:
+        if self.tenancy.enabled and (limits.any or limits.models is not None):
+            body: Any = None
+            if limits.counts_tokens or limits.models is not None:
+                raw, receive = await buffered_body(receive)
+                body = parse_json(raw)
+            if limits.models is not None:
+                model = (body.get("model") if isinstance(body, dict) else None) or self.served_model()
+                if model not in limits.models:
+                    await self._refuse(send, state, tenant, model_refused(str(model)))
+                    return
+            if limits.any:
+                reserved = reserved_tokens(body, LIMITED_ROUTES[path], self.context_length()) if limits.counts_tokens else 0
                 decision = await self._decide(tenant, reserved)
-            except GatewayError as exc:  # no Redis and tenants.on_redis_error: reject
-                self._counter(self.metrics.tenant_requests, tenant.name, str(exc.status)).inc()
-                await send_gateway_error(send, exc)
-                return
-            if not decision.allowed:
-                await self._refuse(send, state, decision)
-                return
+                if not decision.allowed:
+                    state["rejection_reason"] = "budget" if decision.reason == BUDGET else "rate_limit"
+                    self._child(self.metrics.tenant_rate_limited, tenant.name, decision.reason or "").inc()
+                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock()))
+                    return
         await self._run(scope, receive, send, state, tenant, decision)
 
     async def _decide(self, tenant: Tenant, reserved: int) -> Decision:
         started = time.perf_counter()
-        try:
-            decision = await self.tenancy.admit(tenant, reserved)
-        except GatewayError:
-            self.metrics.limiter_degraded.inc()
-            raise
+        decision = await self.tenancy.admit(tenant, reserved)
         assert decision is not None  # the tenant has limits
-        self.metrics.limiter_duration.labels(backend=decision.backend).observe(time.perf_counter() - started)
+        self._child(self.metrics.limiter_duration, decision.backend).observe(time.perf_counter() - started)
         if decision.degraded:
             self.metrics.limiter_degraded.inc()
-        if decision.quota_used is not None:
-            self.metrics.tenant_quota_used.labels(tenant=tenant.name).set(decision.quota_used)
+        if decision.budget_used is not None:
+            self._child(self.metrics.tenant_budget_used, tenant.name).set(decision.budget_used)
         return decision
 
-    async def _refuse(self, send: Send, state: dict[str, Any], decision: Decision) -> None:
-        name = decision.tenant.name
-        state["rejection_reason"] = "quota" if decision.reason == QUOTA else "rate_limit"
-        self._counter(self.metrics.tenant_rate_limited, name, decision.reason or "").inc()
-        self._counter(self.metrics.tenant_requests, name, "429").inc()
-        self.tenancy.refused(decision.tenant)
-        await send_gateway_error(send, refusal_error(decision, self.tenancy.clock()))
+    @staticmethod
+    async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+        await send_error(send, status, "", body=payload)
+
+    async def _refuse(self, send: Send, state: dict[str, Any], tenant: Tenant, error: GatewayError) -> None:
+        self._child(self.metrics.tenant_requests, tenant.name, str(error.status)).inc()
+        self.tenancy.refused(tenant)
+        await send_gateway_error(send, error)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, state: dict[str, Any],
                    tenant: Tenant, decision: Decision | None) -> None:
+        ended = False
         if decision is not None:
             extra = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
-            downstream = send
+            cut = self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None
+            downstream, streaming = send, False
 
-            async def send_with_headers(message: Message) -> None:
+            async def send_limited(message: Message) -> None:
+                nonlocal streaming, ended
+                if ended:  # the app's next step after the end this middleware sent: stop it
+                    raise _StreamEnded()
                 if message["type"] == "http.response.start":
                     message["headers"] = list(message.get("headers", [])) + extra
+                    streaming = cut and any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                            for k, v in message["headers"])
+                elif streaming and message.get("more_body") and self._over_budget(state, decision):
+                    end = sse_error_event(budget_spent(tenant, decision.budget_used, decision.period,
+                                                       self.tenancy.clock())) + "data: [DONE]\n\n"
+                    message["body"] = message.get("body", b"") + end.encode()
+                    message["more_body"] = False
+                    ended = True
                 await downstream(message)
 
-            send = send_with_headers
+            send = send_limited
         try:
             await self.app(scope, receive, send)
+        except _StreamEnded:
+            pass
+        except Exception:
+            if not ended:
+                raise
         finally:
             stats = state.get("stats")
             prompt = stats.prompt_tokens if stats is not None else 0
             completion = stats.completion_tokens if stats is not None else 0
             # MetricsMiddleware (outermost) notes the status as the response starts.
-            self._counter(self.metrics.tenant_requests, tenant.name, str(state.get("status", 500))).inc()
-            self._counter(self.metrics.tenant_tokens, tenant.name, "prompt").inc(prompt)
-            self._counter(self.metrics.tenant_tokens, tenant.name, "completion").inc(completion)
+            status = state.get("status", 500)
+            self._child(self.metrics.tenant_requests, tenant.name, str(status)).inc()
+            self._child(self.metrics.tenant_tokens, tenant.name, "prompt").inc(prompt)
+            self._child(self.metrics.tenant_tokens, tenant.name, "completion").inc(completion)
+            if ended:
+                self._child(self.metrics.tenant_rate_limited, tenant.name, BUDGET).inc()
             if self.tenancy.enabled:
-                await self._finish(tenant, decision, prompt, completion)
+                await self._finish(tenant, decision, prompt, completion, error=status >= 400 or ended)
 
-    async def _finish(self, tenant: Tenant, decision: Decision | None, prompt: int, completion: int) -> None:
+    @staticmethod
+    def _over_budget(state: dict[str, Any], decision: Decision) -> bool:
+        stats = state.get("stats")
+        return stats is not None and stats.prompt_tokens + stats.completion_tokens > decision.budget_held
+
+    async def _finish(self, tenant: Tenant, decision: Decision | None, prompt: int, completion: int,
+                      *, error: bool) -> None:
         try:
-            used = await self.tenancy.finish(tenant, decision, prompt, completion)
+            used = await self.tenancy.finish(tenant, decision, prompt, completion, error=error)
         except Exception:  # a failed settlement must not turn a served request into an error
             logger.exception("settling tenant %s's request failed", tenant.name)
             return
         if used is not None:
-            self.metrics.tenant_quota_used.labels(tenant=tenant.name).set(used)
+            self._child(self.metrics.tenant_budget_used, tenant.name).set(used)

@@ -1,4 +1,4 @@
-"""The usage store: requests and tokens per tenant and UTC day, in SQLite.
+"""The usage store: requests, errors and tokens per tenant and UTC day, in SQLite (stdlib sqlite3).
 
 Requests add to an in-memory batch; `flush` (every `tenants.usage_flush_interval_s`, at shutdown
 and before a usage report) adds the batch to the file in one transaction, in a worker thread.
@@ -22,25 +22,25 @@ from typing import Any
 
 logger = logging.getLogger("llm_gateway.tenants")
 
-COUNTS = ("requests", "rate_limited", "prompt_tokens", "completion_tokens")
+COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
     tenant TEXT NOT NULL,
     day TEXT NOT NULL,               -- UTC, YYYY-MM-DD
-    requests INTEGER NOT NULL DEFAULT 0,          -- admitted generation requests
-    rate_limited INTEGER NOT NULL DEFAULT 0,      -- refused with 429 (rate limit or quota)
+    requests INTEGER NOT NULL DEFAULT 0,          -- generation requests, refused ones included
+    errors INTEGER NOT NULL DEFAULT 0,            -- answered 4xx/5xx (429s included), or a stream ended by an error
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant, day)
 )
 """
 UPSERT = """
-INSERT INTO usage (tenant, day, requests, rate_limited, prompt_tokens, completion_tokens)
+INSERT INTO usage (tenant, day, requests, errors, prompt_tokens, completion_tokens)
 VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant, day) DO UPDATE SET
     requests = requests + excluded.requests,
-    rate_limited = rate_limited + excluded.rate_limited,
+    errors = errors + excluded.errors,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens
 """
@@ -51,7 +51,7 @@ class UsageRow:
     tenant: str
     day: str
     requests: int = 0
-    rate_limited: int = 0
+    errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -95,11 +95,13 @@ class UsageStore:
             self._db = db
         return self._db
 
-    def record(self, tenant: str, *, requests: int = 0, rate_limited: int = 0,
-               prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def record(self, tenant: str, *, error: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        """One generation request of `tenant`, answered now."""
         counts = self._pending.setdefault((tenant, day_of(self.clock())), [0, 0, 0, 0])
-        for i, value in enumerate((requests, rate_limited, prompt_tokens, completion_tokens)):
-            counts[i] += value
+        counts[0] += 1
+        counts[1] += error
+        counts[2] += prompt_tokens
+        counts[3] += completion_tokens
 
     def _write(self, batch: dict[tuple[str, str], list[int]]) -> None:
         with self._db_lock:
@@ -131,28 +133,19 @@ class UsageStore:
         with self._db_lock:
             return self._connect().execute(sql, args).fetchall()
 
-    async def month_tokens(self, period: str) -> dict[str, int]:
-        """Tokens per tenant in the month `period` ("YYYY-MM"), as the file holds them."""
+    async def period_tokens(self, period: str) -> dict[str, int]:
+        """Tokens per tenant in a budget period ("YYYY-MM-DD" or "YYYY-MM"), as the file holds them."""
         rows = await asyncio.to_thread(
             self._query, "SELECT tenant, SUM(prompt_tokens + completion_tokens) FROM usage "
-            "WHERE day LIKE ? GROUP BY tenant", (f"{period}-%",))
+            "WHERE day = ? OR day LIKE ? GROUP BY tenant", (period, f"{period}-%"))
         return {tenant: int(total) for tenant, total in rows}
 
-    async def rows(self, tenant: str | None = None, since: str | None = None,
-                   until: str | None = None) -> list[UsageRow]:
-        """Daily rows, oldest first, after writing what is pending; `since`/`until` are
+    async def rows(self, tenant: str | None = None, start: str | None = None,
+                   end: str | None = None) -> list[UsageRow]:
+        """Daily rows, oldest first, after writing what is pending; `start`/`end` are
         inclusive UTC days (YYYY-MM-DD)."""
         await self.flush()
-        where, args = [], []
-        for clause, value in (("tenant = ?", tenant), ("day >= ?", since), ("day <= ?", until)):
-            if value is not None:
-                where.append(clause)
-                args.append(value)
-        sql = f"SELECT tenant, day, {', '.join(COUNTS)} FROM usage"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY day, tenant"
-        return [UsageRow(*row) for row in await asyncio.to_thread(self._query, sql, tuple(args))]
+        return await asyncio.to_thread(read_rows, self._query, tenant, start, end)
 
     async def close(self) -> None:
         await self.flush()
@@ -160,3 +153,30 @@ class UsageStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+Query = Callable[[str, tuple[Any, ...]], list[tuple[Any, ...]]]
+
+
+def read_rows(query: Query, tenant: str | None, start: str | None, end: str | None) -> list[UsageRow]:
+    """The usage rows matching the filters (None: any), oldest first (also `llm-gateway usage`)."""
+    where, args = [], []
+    for clause, value in (("tenant = ?", tenant), ("day >= ?", start), ("day <= ?", end)):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    sql = f"SELECT tenant, day, {', '.join(COUNTS)} FROM usage"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY day, tenant"
+    return [UsageRow(*row) for row in query(sql, tuple(args))]
+
+
+def totals(rows: list[UsageRow]) -> dict[str, dict[str, int]]:
+    """Per tenant, the sums of its rows' counts."""
+    out: dict[str, dict[str, int]] = {}
+    for row in rows:
+        entry = out.setdefault(row.tenant, dict.fromkeys(row.counts(), 0))
+        for key, value in row.counts().items():
+            entry[key] += value
+    return out

@@ -51,9 +51,9 @@ VLLM_FAMILIES = [
 ]
 # Expressions that may be NaN after the load: nothing reloads the engine in these tests.
 MAY_BE_NAN = ("gateway_engine_reload_duration_seconds",)
-# Families only a gateway with a keys file exports (limiter timings, quotas); the session's gateway
+# Families only a gateway with a keys file exports (limiter timings, budgets); the session's gateway
 # has none, so expressions on them are checked by tests/e2e/test_tenants.py instead.
-NEEDS_TENANT_LIMITS = ("gateway_tenant_limiter_duration_seconds", "gateway_tenant_quota_")
+NEEDS_TENANT_LIMITS = ("gateway_tenant_limiter_duration_seconds", "gateway_tenant_budget_")
 
 
 # ---------------------------------------------------------------------------------------------

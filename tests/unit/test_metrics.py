@@ -78,8 +78,8 @@ def test_families_names_units_and_buckets() -> None:
         "gateway_engine_reload_duration_seconds": "histogram", "gateway_engine_reload_queued_requests": "counter",
         "gateway_engine_reload_aborted_requests": "counter", "gateway_profile": "info", "gateway_build": "info",
         "gateway_tenant_requests": "counter", "gateway_tenant_tokens": "counter",
-        "gateway_tenant_rate_limited": "counter", "gateway_tenant_quota_tokens": "gauge",
-        "gateway_tenant_quota_used_tokens": "gauge", "gateway_tenant_limiter_duration_seconds": "histogram",
+        "gateway_tenant_rate_limited": "counter", "gateway_tenant_budget_tokens": "gauge",
+        "gateway_tenant_budget_used_tokens": "gauge", "gateway_tenant_limiter_duration_seconds": "histogram",
         "gateway_tenant_limiter_degraded": "counter", "gateway_tenant_keys_reloads": "counter",
     }
     assert {n: f.type for n, f in families.items()} == expected
@@ -109,7 +109,7 @@ def test_engine_state_is_one_hot_and_rejections_map_to_reasons() -> None:
         before = get(snapshot(m), "gateway_rejections_total", reason=reason)
         m.observe_rejection(status)
         assert get(snapshot(m), "gateway_rejections_total", reason=reason) == before + 1
-    for reason in ("rate_limit", "quota"):  # a tenant's 429s, named by the middleware that refused them
+    for reason in ("rate_limit", "budget"):  # a tenant's 429s, named by the middleware that refused them
         m.observe_rejection(429, reason)
         assert get(snapshot(m), "gateway_rejections_total", reason=reason) == 1
     total = sum(v for (n, _), v in snapshot(m).items() if n == "gateway_rejections_total")
@@ -147,12 +147,12 @@ def test_exposition_passes_promtool_check_metrics() -> None:
     m.requests.labels(route="/v1/completions", status="200").inc()
     m.ttft.labels(route="/v1/completions").observe(0.1)
     m.reload_duration.observe(12)
-    m.add_tenants([Tenant("acme", TenantLimits(monthly_tokens=1000))])
+    m.add_tenants([Tenant("acme", TenantLimits(budget_tokens=1000))])
     m.tenant_requests.labels(tenant="acme", status="429").inc()
-    m.tenant_quota_used.labels(tenant="acme").set(10)
+    m.tenant_budget_used.labels(tenant="acme").set(10)
     m.limiter_duration.labels(backend="redis").observe(0.0004)
     body, _ = exposition(m, openmetrics=False, include_vllm=False)
-    assert b'gateway_tenant_quota_tokens{tenant="acme"} 1000.0' in body
+    assert b'gateway_tenant_budget_tokens{tenant="acme"} 1000.0' in body
     r = subprocess.run([exe, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (r.stdout + r.stderr).decode()
     assert re.search(rb"^gateway_requests_total\{", body, re.M)

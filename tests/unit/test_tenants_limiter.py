@@ -8,19 +8,28 @@ allows that one unit.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from server.errors import ServiceUnavailableError
 from server.tenants.keys import Tenant, TenantLimits
-from server.tenants.limiter import QUOTA, REQUESTS, TOKENS, MemoryRateLimiter, period_of, seconds_to_next_period
+from server.tenants.limiter import (
+    BUDGET,
+    CONCURRENCY,
+    REQUESTS,
+    TOKENS,
+    MemoryRateLimiter,
+    period_of,
+    seconds_to_next_period,
+)
 from server.tenants.redis_limiter import RedisRateLimiter
 from tests.redis_server import RedisServer, start_redis
 
 
-def tenant(name: str, **limits: int) -> Tenant:
+def tenant(name: str, **limits: object) -> Tenant:
     return Tenant(name, TenantLimits(**limits))
 
 
@@ -37,7 +46,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 
 def redis_limiter(server: RedisServer, prefix: str, **kwargs: object) -> RedisRateLimiter:
-    options: dict = {"timeout_s": 0.5, "retry_s": 5.0, **kwargs}
+    options: dict = {"timeout_s": 0.5, "retry_s": 5.0, "lease_s": 900.0, **kwargs}
     return RedisRateLimiter(server.url, prefix=prefix, **options)
 
 
@@ -57,7 +66,7 @@ async def test_requests_per_minute(limiter) -> None:  # type: ignore[no-untyped-
     for left in (2, 1, 0):
         d = await limiter.acquire(t, 0)
         assert d.allowed and d.requests.limit == 3 and d.requests.remaining == left, d
-        assert d.tokens is None and d.quota_used is None
+        assert d.tokens is None and d.budget_used is None and d.slot is None
     refused = await limiter.acquire(t, 0)
     assert not refused.allowed and refused.reason == REQUESTS and not refused.never
     assert 19.0 < refused.retry_after_s <= 20.0, refused  # one request refills in 60 / 3 s
@@ -93,61 +102,114 @@ async def test_a_request_larger_than_the_limit_is_refused_for_good(limiter) -> N
 
 
 @pytest.mark.anyio
-async def test_monthly_quota(limiter) -> None:  # type: ignore[no-untyped-def]
-    t = tenant("quota", monthly_tokens=100)
+async def test_budget_admits_while_not_spent_and_holds_what_is_left(limiter) -> None:  # type: ignore[no-untyped-def]
+    now = time.time()
+    t = tenant("budget", budget_tokens=100)
     first = await limiter.acquire(t, 60)
-    assert first.allowed and first.quota_used == 60 and first.period == period_of(__import__("time").time())
-    refused = await limiter.acquire(t, 50)
-    assert not refused.allowed and refused.reason == QUOTA and not refused.never and refused.quota_used == 60
-    assert abs(refused.retry_after_s - seconds_to_next_period(__import__("time").time())) < 5
-    assert await limiter.settle(first, 40) == 40
+    assert first.allowed and first.budget_held == 60 and first.budget_used == 60
+    assert first.period == period_of(now, "month") and len(first.period) == 7
+    # 40 left: a request reserving 50 is admitted and holds the 40
     second = await limiter.acquire(t, 50)
-    assert second.allowed and second.quota_used == 90
-    assert await limiter.settle(second, 50) == 90
-    whole = await limiter.acquire(tenant("quota-small", monthly_tokens=10), 11)
-    assert not whole.allowed and whole.reason == QUOTA and whole.never
+    assert second.allowed and second.budget_held == 40 and second.budget_used == 100
+    spent = await limiter.acquire(t, 1)
+    assert not spent.allowed and spent.reason == BUDGET and not spent.never and spent.budget_used == 100
+    assert abs(spent.retry_after_s - seconds_to_next_period(now, "month")) < 5
+    assert await limiter.settle(first, 30) == 70  # used 30 of the 60 it held
+    assert await limiter.settle(second, 45) == 75  # ran 5 past its hold: the count says so
+    third = await limiter.acquire(t, 10)
+    assert third.allowed and third.budget_held == 10
+    assert await limiter.settle(third, 30) == 105  # past the budget: spent until the period ends
+    assert (await limiter.acquire(t, 1)).reason == BUDGET
 
 
 @pytest.mark.anyio
-async def test_quota_seeding_starts_a_month_once(limiter) -> None:  # type: ignore[no-untyped-def]
-    t = tenant("seeded", monthly_tokens=100)
-    period = period_of(__import__("time").time())
-    await limiter.seed_quota("seeded", period, 95)
-    await limiter.seed_quota("seeded", period, 0)  # already counting: a second seed changes nothing
+async def test_daily_budget_counts_per_day(limiter) -> None:  # type: ignore[no-untyped-def]
+    d = await limiter.acquire(tenant("daily", budget_tokens=5, budget_period="day"), 5)
+    assert d.allowed and d.period == period_of(time.time(), "day") and len(d.period) == 10
+    refused = await limiter.acquire(tenant("daily", budget_tokens=5, budget_period="day"), 1)
+    assert refused.reason == BUDGET and refused.retry_after_s <= 86400
+
+
+@pytest.mark.anyio
+async def test_budget_seeding_starts_a_period_once(limiter) -> None:  # type: ignore[no-untyped-def]
+    t = tenant("seeded", budget_tokens=100)
+    period = period_of(time.time(), "month")
+    await limiter.seed_budget("seeded", period, 100)
+    await limiter.seed_budget("seeded", period, 0)  # already counting: a second seed changes nothing
     refused = await limiter.acquire(t, 10)
-    assert not refused.allowed and refused.quota_used == 95
-    assert (await limiter.acquire(t, 5)).allowed
+    assert not refused.allowed and refused.reason == BUDGET and refused.budget_used == 100
+
+
+@pytest.mark.anyio
+async def test_max_concurrent_counts_running_requests(limiter) -> None:  # type: ignore[no-untyped-def]
+    t = tenant("conc", max_concurrent=2, tokens_per_minute=1000)
+    a, b = await limiter.acquire(t, 5), await limiter.acquire(t, 5)
+    assert a.allowed and b.allowed and a.slot and b.slot
+    if isinstance(limiter, RedisRateLimiter):
+        assert a.slot != b.slot  # each a member of the tenant's set of running requests
+    refused = await limiter.acquire(t, 5)
+    assert not refused.allowed and refused.reason == CONCURRENCY and refused.retry_after_s == 1.0
+    assert refused.tokens.remaining in (990, 991)  # a refused request took no tokens
+    await limiter.settle(a, 5)
+    c = await limiter.acquire(t, 5)
+    assert c.allowed
+    for d in (b, c):
+        await limiter.settle(d, 5)
+    assert all([(await limiter.acquire(t, 1)).allowed, (await limiter.acquire(t, 1)).allowed])
 
 
 @pytest.mark.anyio
 async def test_instances_sharing_redis_share_the_limits(redis_server: RedisServer) -> None:
     a, b = (redis_limiter(redis_server, prefix="shared") for _ in range(2))
     try:
-        t = tenant("shared", requests_per_minute=2, monthly_tokens=100)
-        assert (await a.acquire(t, 30)).allowed
+        t = tenant("shared", requests_per_minute=3, budget_tokens=100, max_concurrent=2)
+        first = await a.acquire(t, 30)
         second = await b.acquire(t, 30)
-        assert second.allowed and second.quota_used == 60 and second.requests.remaining == 0
+        assert first.allowed and second.allowed and second.budget_used == 60 and second.requests.remaining == 1
         third = await a.acquire(t, 1)
-        assert not third.allowed and third.reason == REQUESTS
+        assert not third.allowed and third.reason == CONCURRENCY  # two running, on two instances
         assert await a.settle(second, 10) == 40  # settled by another instance than the one that admitted
-        # the keys carry the tenant as a hash tag, under the prefix
+        fourth = await b.acquire(t, 1)
+        assert fourth.allowed and fourth.requests.remaining == 0
+        assert (await a.acquire(t, 1)).reason in (CONCURRENCY, REQUESTS)
+        # the keys carry the tenant as a hash tag, under the prefix, and expire
         keys = sorted(k.decode() for k in await a.client.keys("shared:*"))
-        assert keys == [f"shared:{{shared}}:quota:{second.period}", "shared:{shared}:requests"]
+        assert keys == [f"shared:{{shared}}:budget:{first.period}", "shared:{shared}:requests",
+                        "shared:{shared}:running"]
         assert 0 < await a.client.pttl("shared:{shared}:requests") <= 61_000
+        assert 0 < await a.client.pttl("shared:{shared}:running") <= 900_000
     finally:
         await a.close()
         await b.close()
 
 
 @pytest.mark.anyio
-async def test_without_redis_decisions_fall_back_to_memory_then_return(tmp_path: Path) -> None:
+async def test_a_dead_instances_slots_free_when_their_lease_ends(redis_server: RedisServer) -> None:
+    dead = redis_limiter(redis_server, prefix="lease", lease_s=0.3)
+    alive = redis_limiter(redis_server, prefix="lease", lease_s=0.3)
+    try:
+        t = tenant("lease", max_concurrent=1)
+        assert (await dead.acquire(t, 0)).allowed  # its instance never settles it
+        assert (await alive.acquire(t, 0)).reason == CONCURRENCY
+        await asyncio.sleep(0.4)
+        assert (await alive.acquire(t, 0)).allowed
+    finally:
+        await dead.close()
+        await alive.close()
+
+
+@pytest.mark.anyio
+async def test_without_redis_decisions_fall_back_to_memory_then_return(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     server = start_redis(tmp_path / "redis")
     limiter = redis_limiter(server, prefix="down", retry_s=0.3, timeout_s=0.2)
     try:
         t = tenant("down", requests_per_minute=2)
         assert (await limiter.acquire(t, 0)).backend == "redis"
         server.stop()
-        degraded = await limiter.acquire(t, 0)
+        with caplog.at_level(logging.WARNING, logger="llm_gateway.tenants"):
+            degraded = await limiter.acquire(t, 0)
+        assert "tenant limits are counted per instance for 0.3 s" in caplog.text  # fail open, and say so
         assert degraded.allowed and degraded.degraded and degraded.backend == "memory"
         assert degraded.requests.remaining == 1  # this instance's own count starts afresh
         assert (await limiter.acquire(t, 0)).degraded  # Redis is left alone for retry_s
@@ -162,19 +224,6 @@ async def test_without_redis_decisions_fall_back_to_memory_then_return(tmp_path:
         server.stop()
 
 
-@pytest.mark.anyio
-async def test_without_redis_reject_answers_503(tmp_path: Path) -> None:
-    server = start_redis(tmp_path / "redis")
-    server.stop()  # a port where nothing listens
-    limiter = redis_limiter(server, prefix="reject", on_error="reject", timeout_s=0.2)
-    try:
-        with pytest.raises(ServiceUnavailableError) as caught:
-            await limiter.acquire(tenant("reject", requests_per_minute=2), 0)
-        assert caught.value.status == 503 and caught.value.headers["Retry-After"] == "5"
-    finally:
-        await limiter.close()
-
-
 # -- the bucket arithmetic on a controlled clock (memory only) -----------------------------------
 
 
@@ -187,10 +236,10 @@ class Clock:
 
 
 @pytest.mark.anyio
-async def test_buckets_refill_continuously_and_months_roll_over() -> None:
+async def test_buckets_refill_continuously_and_periods_roll_over() -> None:
     clock = Clock(1_796_083_200.0 - 30)  # 2026-11-30 23:59:30 UTC
     limiter = MemoryRateLimiter(clock)
-    t = tenant("clock", requests_per_minute=6, tokens_per_minute=600, monthly_tokens=1000)
+    t = tenant("clock", requests_per_minute=6, tokens_per_minute=600, budget_tokens=1000)
     d = await limiter.acquire(t, 600)
     assert d.allowed and d.tokens.remaining == 0 and d.tokens.reset_s == pytest.approx(60)
     assert d.requests.remaining == 5 and d.requests.reset_s == pytest.approx(10)
@@ -200,11 +249,12 @@ async def test_buckets_refill_continuously_and_months_roll_over() -> None:
     clock.now += 1
     d2 = await limiter.acquire(t, 40)
     assert d2.allowed and d2.tokens.remaining == 0 and d2.requests.remaining == 4
-    assert d2.quota_used == 640 and d2.period == "2026-11"
-    clock.now += 27  # into December: a new quota period
+    assert d2.budget_used == 640 and d2.period == "2026-11"
+    clock.now += 27  # into December: a new budget period
     d3 = await limiter.acquire(t, 100)
-    assert d3.allowed and d3.period == "2026-12" and d3.quota_used == 100
-    assert await limiter.settle(d2, 40) == 640  # settles into the month it was admitted in
+    assert d3.allowed and d3.period == "2026-12" and d3.budget_used == 100
+    assert await limiter.settle(d2, 40) == 640  # settles into the period it was admitted in
     clock.now += 600
     full = await limiter.acquire(t, 1)
     assert full.tokens.remaining == 599 and full.requests.remaining == 5  # capped at the limit
+    assert seconds_to_next_period(clock.now, "day") == pytest.approx(86400 - 601)  # 00:10:01 UTC
