@@ -104,14 +104,14 @@ class OverloadedError(GatewayError):
 
 
 class RateLimitExceededError(GatewayError):
-    """A tenant's requests-per-minute or tokens-per-minute limit (429 + Retry-After)."""
+    """A tenant's requests or tokens per minute, or its concurrent requests (429 + Retry-After)."""
 
     status = 429
     code = "rate_limit_exceeded"
 
 
 class InsufficientQuotaError(GatewayError):
-    """A tenant's token quota for the period is spent (429; retrying before the period ends cannot help)."""
+    """A tenant's token budget for the period is spent (429; retrying before the period ends cannot help)."""
 
     status = 429
     code = "insufficient_quota"
