@@ -1,4 +1,4 @@
-"""`llm-gateway` (= `python -m server`): serve, prepare-model, check-config, bench."""
+"""`llm-gateway` (= `python -m server`): serve, prepare-model, check-config, keys, usage, bench."""
 
 from __future__ import annotations
 
@@ -6,12 +6,22 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from server.settings import EMBEDDED_MODEL, ConfigFileError, Settings, deep_merge, load_settings
+from server.settings import (
+    EMBEDDED_MODEL,
+    ConfigFileError,
+    Settings,
+    deep_merge,
+    default_profile_path,
+    load_settings,
+    read_profile_file,
+)
 
 logger = logging.getLogger("llm_gateway")
 
@@ -30,6 +40,7 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", action="append", help="accepted API key (auth.api_keys); repeatable")
     parser.add_argument("--api-key-file", help="file of API keys, one per line (auth.api_key_file)")
     parser.add_argument("--admin-key", action="append", help="admin key for /admin/* (auth.admin_keys); repeatable")
+    parser.add_argument("--keys-file", help="keys file: named keys with limits and budgets (auth.keys_file)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -48,6 +59,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "api_keys": args.api_key,
         "api_key_file": args.api_key_file,
         "admin_keys": args.admin_key,
+        "keys_file": args.keys_file,
     }
     out: dict[str, Any] = {}
     if any(v is not None for v in auth.values()):
@@ -118,10 +130,66 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     shown = settings.model_dump(mode="json")
     for field in ("api_keys", "admin_keys"):
         shown["auth"][field] = ["***"] * len(shown["auth"][field])  # never print secrets
+    if shown["auth"]["redis_url"]:
+        shown["auth"]["redis_url"] = re.sub(r"//[^@/]*@", "//***@", shown["auth"]["redis_url"])
     print(json.dumps(shown, indent=2))
     for warning in profile_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _keys_file_of(args: argparse.Namespace) -> Path:
+    """--keys-file, else $LLM_GATEWAY_AUTH__KEYS_FILE, else the profile's auth.keys_file, read
+    without validating the profile (the file may not exist yet)."""
+    if args.keys_file:
+        return Path(args.keys_file)
+    if os.environ.get("LLM_GATEWAY_AUTH__KEYS_FILE"):
+        return Path(os.environ["LLM_GATEWAY_AUTH__KEYS_FILE"])
+    config = args.config or os.environ.get("LLM_GATEWAY_CONFIG") or default_profile_path()
+    try:
+        named = (read_profile_file(Path(config)).get("auth") or {}).get("keys_file")
+    except (ConfigFileError, AttributeError):
+        named = None
+    if not named:
+        sys.exit(f"no keys file: pass --keys-file, or set auth.keys_file in {config}")
+    return Path(named)
+
+
+def cmd_keys_add(args: argparse.Namespace) -> int:
+    from server.tenants.cli import LIMIT_OPTIONS, add_key
+    from server.tenants.keys import KeysFileError
+
+    path = _keys_file_of(args)
+    limits = {name: getattr(args, name) for name in LIMIT_OPTIONS}
+    try:
+        key, done = add_key(path, args.name, limits)
+    except KeysFileError as exc:
+        sys.exit(f"keys add: {exc}")
+    print(key)
+    print(f"{done}; the file holds only the key's SHA-256, so the key above is shown this once. Running "
+          "gateways take it on SIGHUP (systemctl reload llm-gateway) or POST /admin/reload.", file=sys.stderr)
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    from server.tenants.cli import print_usage
+
+    if args.usage_db:
+        db = Path(args.usage_db)
+    else:
+        settings = _load(args)
+        db = settings.auth.usage_path(settings.server.state_dir)
+    return print_usage(db, args.tenant, getattr(args, "from"), args.to)
+
+
+def _day(text: str) -> str:
+    import datetime
+
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a day (YYYY-MM-DD): {text!r}") from None
+    return text
 
 
 def cmd_bench(argv: list[str]) -> int:
@@ -152,6 +220,30 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a profile and print the effective settings")
     _add_config_args(check)
     check.set_defaults(func=cmd_check_config)
+
+    keys = sub.add_parser("keys", help="the keys file (auth.keys_file)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    add = keys_sub.add_parser("add", help="print a new random key for NAME once, and write its SHA-256 to the keys file")
+    add.add_argument("name", help="the tenant's name (its metrics label); an existing name gets a second key")
+    add.add_argument("--keys-file", help="the keys file (default: $LLM_GATEWAY_AUTH__KEYS_FILE, else the "
+                     "profile's auth.keys_file)")
+    add.add_argument("--config", "-c", help="the profile naming auth.keys_file")
+    add.add_argument("--requests-per-minute", type=int)
+    add.add_argument("--tokens-per-minute", type=int, help="prompt + completion tokens per minute")
+    add.add_argument("--max-concurrent", type=int, help="requests running at once")
+    add.add_argument("--budget-tokens", type=int, help="prompt + completion tokens per --budget-period")
+    add.add_argument("--budget-period", choices=["day", "month"])
+    add.add_argument("--model", dest="models", action="append", help="an allowed model; repeatable (default: all)")
+    add.set_defaults(func=cmd_keys_add)
+
+    usage = sub.add_parser("usage", help="print the usage store (per tenant and UTC day) as a table")
+    _add_config_args(usage)
+    usage.add_argument("--usage-db", help="the usage store (default: the profile's auth.usage_db, else "
+                       "<state_dir>/usage.sqlite3)")
+    usage.add_argument("--from", type=_day, help="first UTC day, YYYY-MM-DD")
+    usage.add_argument("--to", type=_day, help="last UTC day, YYYY-MM-DD")
+    usage.add_argument("--tenant", help="only this tenant")
+    usage.set_defaults(func=cmd_usage)
 
     sub.add_parser("bench", add_help=False, help="load test a server (= python -m loadtest; see loadtest/README.md)")
 

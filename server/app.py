@@ -17,12 +17,13 @@ from server import __version__
 from server.errors import GatewayError, error_body
 from server.holder import EngineHolder
 from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
-from server.middleware import AuthMiddleware, BodyLimitMiddleware
+from server.middleware import AuthMiddleware, BodyLimitMiddleware, TenantLimitMiddleware
 from server.routes import openai as openai_routes
 from server.routes import ops as ops_routes
 from server.serving.chat import ChatService
 from server.serving.completions import CompletionService
 from server.settings import Settings
+from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.access")
 
@@ -53,6 +54,7 @@ class MetricsMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                scope["state"]["status"] = status  # for inner middleware that count once the app is done
                 message.setdefault("headers", [])
                 message["headers"] = list(message["headers"]) + [
                     (b"x-request-id", request_id.encode("latin-1", "replace"))
@@ -71,7 +73,7 @@ class MetricsMiddleware:
                 self.metrics.request_duration.labels(route=route).observe(duration)
                 if route != "other" and 400 <= status < 600 and status != 499:
                     # Unknown paths (scanners, typos) are not rejected traffic.
-                    self.metrics.observe_rejection(status)
+                    self.metrics.observe_rejection(status, scope["state"].get("rejection_reason"))
                 logger.info(access_line(scope, request_id, path, status, duration, started))
 
 
@@ -79,6 +81,8 @@ def access_line(scope: Scope, request_id: str, path: str, status: int, duration:
     """One structured line per request; never the prompt or the output."""
     parts = [f"request_id={request_id}", f"method={scope.get('method')}", f"route={path}", f"status={status}"]
     state = scope.get("state", {})
+    if (tenant := state.get("tenant")) is not None:
+        parts.append(f"tenant={tenant.name}")
     stats = state.get("stats")
     if stats is not None:
         parts.append(f"completion_id={state.get('completion_id')}")
@@ -125,7 +129,8 @@ def build_app(
     *,
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
-    """The gateway application. The caller owns the engine's lifecycle (see `server.lifespan`)."""
+    """The gateway application. The caller owns the engine's lifecycle and the tenants' background
+    work (`app.state.tenancy.start()` / `stop()`; see `server.lifespan`)."""
     app = FastAPI(
         title="llm-gateway",
         version=__version__,
@@ -142,6 +147,14 @@ def build_app(
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
     holder.add_reload_listener(metrics.observe_reload)
     app.state.reloader = None  # set by server.lifespan.Gateway, which knows how to load settings
+    tenancy = Tenancy(settings)
+    app.state.tenancy = tenancy
+    tenancy.add_directory_listener(lambda directory: metrics.add_tenants(directory.tenants.values()))
+    tenancy.add_keys_reload_listener(lambda outcome: metrics.keys_reloads.labels(outcome=outcome).inc())
+
+    def context_length() -> int | None:
+        engine = holder.engine
+        return engine.info.max_model_len if engine is not None else holder.settings.engine.max_model_len
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -166,11 +179,14 @@ def build_app(
 
     app.include_router(openai_routes.router)
     app.include_router(ops_routes.router)
-    # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read.
+    # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read,
+    # and the tenant limiter reads a body already capped.
+    app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics, context_length=context_length,
+                       served_model=lambda: holder.settings.served_model_name)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(
         AuthMiddleware,
-        api_keys=settings.auth.resolved_api_keys(),
+        tenancy=tenancy,
         admin_keys=settings.auth.resolved_admin_keys(),
         open_paths=settings.auth.open_paths,
     )

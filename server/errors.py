@@ -2,8 +2,12 @@
 
 The body is ``{"error": {"message", "type", "param", "code"}}``. Like `vllm serve`, ``type`` is
 the status class name (``BadRequestError``, ``NotFoundError``, ...) and ``code`` the status
-number, so clients that switch between the two see the same errors. Once a stream has started
-the same body is sent as a final SSE event (``sse_error_event``) followed by ``data: [DONE]``.
+number, so clients that switch between the two see the same errors. The two tenant refusals are
+the exception: their ``code`` is OpenAI's string (``rate_limit_exceeded``, ``insufficient_quota``),
+because that string is how OpenAI's clients tell "wait and retry" from "stop, the budget is
+spent", while a gateway-wide 429 (``limits.max_in_flight``) keeps the number. Once a stream has
+started the same body is sent as a final SSE event (``sse_error_event``) followed by
+``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class GatewayError(Exception):
     """Base class: carries the HTTP status and the OpenAI error fields."""
 
     status: int = 500
+    code: str | None = None
+    """OpenAI's string code where OpenAI defines one for this error; else the status number is sent."""
 
     def __init__(
         self,
@@ -62,7 +68,7 @@ class GatewayError(Exception):
         return error_type_for(self.status)
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.status, self.param)
+        return error_body(self.message, self.status, self.param, code=self.code)
 
 
 class InvalidRequestError(GatewayError):
@@ -97,6 +103,20 @@ class OverloadedError(GatewayError):
     status = 429
 
 
+class RateLimitExceededError(GatewayError):
+    """A tenant's requests or tokens per minute, or its concurrent requests (429 + Retry-After)."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+
+
+class InsufficientQuotaError(GatewayError):
+    """A tenant's token budget for the period is spent (429; retrying before the period ends cannot help)."""
+
+    status = 429
+    code = "insufficient_quota"
+
+
 class ServiceUnavailableError(GatewayError):
     """No engine can serve right now (starting, reloading, draining): 503 + Retry-After."""
 
@@ -117,13 +137,13 @@ class InternalError(GatewayError):
     status = 500
 
 
-def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, status: int, param: str | None = None, *, code: str | None = None) -> dict[str, Any]:
     return {
         "error": {
             "message": message,
             "type": error_type_for(status),
             "param": param,
-            "code": status,
+            "code": code if code is not None else status,
         }
     }
 

@@ -53,6 +53,7 @@ class ReloadResult:
     max_queue_wait_s: float = 0.0
     error: str | None = None
     finished_at: float = field(default_factory=time.time)
+    engine_reloaded: bool = True  # False: the profile was unchanged and only the keys file was re-read
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

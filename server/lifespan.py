@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,11 @@ class Gateway:
         self.server.should_exit = True
 
     async def reload(self, config_path: str | None = None, overrides: dict[str, Any] | None = None) -> ReloadResult:
-        """Validate the new configuration, then swap engines; raises before touching anything."""
+        """Re-read the tenants' keys file (at once, without the engine), validate the new
+        configuration, then swap engines: always when `overrides` ask for something, otherwise only
+        if the engine profile changed. Raises before touching the engine."""
+        started = time.monotonic()
+        await self.app.state.tenancy.reload_keys()
         if self._loader is None:
             raise ServiceUnavailableError("this server was started without a configuration loader")
         if self.holder.reloading:
@@ -166,6 +171,15 @@ class Gateway:
             raise InvalidRequestError(f"invalid configuration: engine.model: no model at {model}", param="engine.model")
         for warning in profile_warnings(new_settings):
             logger.warning("new profile: %s", warning)
+        if not overrides and engine_part(new_settings) == engine_part(self.settings):
+            # Nothing for the engine (a keys-file change, say): leave it serving. systemd still
+            # sees a complete reload.
+            self.notifier.reloading("reloading (keys; engine profile unchanged)")
+            self.config_path, self.settings = path, new_settings
+            self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
+            logger.info("reload: engine profile unchanged, the engine keeps serving")
+            return ReloadResult(outcome="success", strategy=new_settings.reload.strategy,
+                                duration_s=time.monotonic() - started, engine_reloaded=False)
         self.notifier.reloading(f"reloading ({new_settings.reload.strategy})")
         try:
             result = await self.holder.reload(new_settings)
@@ -224,6 +238,7 @@ class Gateway:
                 "the API. Set auth.api_keys (--api-key) or bind to 127.0.0.1 behind a proxy.",
                 self.settings.server.host,
             )
+        await self.app.state.tenancy.start()
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
@@ -251,6 +266,7 @@ class Gateway:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.app.state.tenancy.stop()  # after the last request: its usage is written too
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
 
@@ -317,6 +333,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def engine_part(settings: Settings) -> dict[str, Any]:
+    """What a reload applies to the engine: its profile, the reload settings and the limits."""
+    return settings.model_dump(include={"engine", "reload", "limits"})
 
 
 def profile_labels(settings: Settings, vllm_version: str) -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Every `gateway_*` metric, on an injectable registry, plus the exposition of vLLM's `vllm:*`.
 
 Names carry unit suffixes, buckets are explicit, labels are few (route, status, reason, state,
-outcome). This module imports neither the routes nor the engine: they call into it.
+outcome, tenant, kind, backend). `tenant` is bounded by the keys file (one value per tenant). This module imports neither the routes nor the engine: they call into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import platform
 from collections.abc import Iterable
 from typing import Any
@@ -33,9 +34,14 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
                 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
                     60.0, 120.0, 300.0, 600.0)
+# Deciding a request's tenant limits: microseconds in memory, a loopback round trip with Redis.
+LIMITER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 
 ENGINE_STATES = ("starting", "serving", "reloading", "draining", "dead", "stopped")
+
+REJECTION_REASONS = ("auth", "overload", "rate_limit", "budget", "validation", "unavailable")
+TENANT_REFUSALS = ("requests", "tokens", "concurrency", "budget")
 
 # Routes kept out of request metrics: scraping and probing are not traffic.
 UNMEASURED_ROUTES = frozenset({"/metrics", "/health", "/ready"})
@@ -90,6 +96,29 @@ class GatewayMetrics:
         self.reload_aborted = Counter(
             "gateway_engine_reload_aborted_requests", "Requests aborted by a reload's drain timeout.",
             registry=r)
+        self.tenant_requests = Counter(
+            "gateway_tenant_requests", "Generation requests by tenant and status code.",
+            ["tenant", "status"], registry=r)
+        self.tenant_tokens = Counter(
+            "gateway_tenant_tokens", "Tokens used by tenant: kind is prompt or completion.",
+            ["tenant", "kind"], registry=r)
+        self.tenant_rate_limited = Counter(
+            "gateway_tenant_rate_limited", "Requests refused with 429 (or streams ended) by the tenant's "
+            "limits, by the limit: requests, tokens, concurrency, budget.", ["tenant", "reason"], registry=r)
+        self.tenant_budget = Gauge(
+            "gateway_tenant_budget_tokens", "The tenant's token budget per period (day or month).",
+            ["tenant"], registry=r)
+        self.tenant_budget_used = Gauge(
+            "gateway_tenant_budget_used_tokens", "Tokens counted against the tenant's budget this period "
+            "(running requests count what they hold).", ["tenant"], registry=r)
+        self.limiter_duration = Histogram(
+            "gateway_tenant_limiter_duration_seconds", "Time to decide a request's tenant limits.",
+            ["backend"], buckets=LIMITER_BUCKETS, registry=r)
+        self.limiter_degraded = Counter(
+            "gateway_tenant_limiter_degraded", "Requests whose limits were counted per instance because "
+            "Redis failed (or is left alone for auth.redis_retry_s after a failure).", registry=r)
+        self.keys_reloads = Counter(
+            "gateway_tenant_keys_reloads", "Re-reads of the keys file by outcome.", ["outcome"], registry=r)
         self.profile = Info(
             "gateway_profile", "The active engine profile.", registry=r)
         self.build = Info("gateway_build", "Build information.", registry=r)
@@ -103,8 +132,10 @@ class GatewayMetrics:
             # Pre-create label sets so dashboards and rules see zeros rather than no data.
             self.in_flight.labels(route=route).set(0)
             self.disconnects.labels(route=route)
-        for reason in ("auth", "overload", "validation", "unavailable"):
+        for reason in REJECTION_REASONS:
             self.rejections.labels(reason=reason)
+        for outcome in ("success", "failure"):
+            self.keys_reloads.labels(outcome=outcome)
         for outcome in ("success", "failure", "rolled_back"):
             self.reloads.labels(outcome=outcome)
 
@@ -122,12 +153,28 @@ class GatewayMetrics:
     def set_profile(self, labels: dict[str, str]) -> None:
         self.profile.info(labels)
 
-    def observe_rejection(self, status: int) -> None:
-        reason = {401: "auth", 403: "auth", 429: "overload", 503: "unavailable"}.get(status)
+    def observe_rejection(self, status: int, reason: str | None = None) -> None:
+        """`reason` where the refusing layer knows it (a tenant's `rate_limit` / `budget`), else by status."""
+        reason = reason or {401: "auth", 403: "auth", 429: "overload", 503: "unavailable"}.get(status)
         if reason is None and 400 <= status < 500:
             reason = "validation"
         if reason is not None:
             self.rejections.labels(reason=reason).inc()
+
+    def add_tenants(self, tenants: Iterable[Any]) -> None:
+        """Label sets for every tenant (server.tenants.keys.Tenant), so panels show zeros, not gaps."""
+        for tenant in tenants:
+            for kind in ("prompt", "completion"):
+                self.tenant_tokens.labels(tenant=tenant.name, kind=kind)
+            for refusal in TENANT_REFUSALS:
+                self.tenant_rate_limited.labels(tenant=tenant.name, reason=refusal)
+            if tenant.limits.budget_tokens:
+                self.tenant_budget.labels(tenant=tenant.name).set(tenant.limits.budget_tokens)
+                self.tenant_budget_used.labels(tenant=tenant.name)
+            else:  # a reloaded keys file may have dropped the budget
+                for gauge in (self.tenant_budget, self.tenant_budget_used):
+                    with contextlib.suppress(KeyError):
+                        gauge.remove(tenant.name)
 
 
 def exposition(metrics: GatewayMetrics, openmetrics: bool, include_vllm: bool = True) -> tuple[bytes, str]:

@@ -79,6 +79,41 @@ class AuthSettings(BaseModel):
     open_paths: list[str] = Field(default_factory=lambda: ["/health", "/ready", "/metrics"])
     """Paths served without a key (probes and scraping); /docs and /openapi.json are not listed by default."""
 
+    keys_file: Path | None = None
+    """YAML keys file: named keys (tenants) with rate limits, concurrency, token budgets and
+    allowed models (README, "Tenants"). Re-read on SIGHUP and POST /admin/reload."""
+
+    redis_url: str | None = None
+    """Share the tenants' limits and budgets between instances through this Redis, e.g.
+    `redis://127.0.0.1:6379/0` (`rediss://` for TLS). None: each instance counts on its own."""
+
+    redis_key_prefix: str = Field("llm-gateway", min_length=1)
+    """Prefix of every Redis key the gateway writes (several deployments can share one Redis)."""
+
+    redis_timeout_s: float = Field(0.25, gt=0)
+    """Longest a Redis call may take; then the request is decided without Redis."""
+
+    redis_retry_s: float = Field(5.0, gt=0)
+    """After a Redis failure, how long limits are counted per instance before Redis is tried again."""
+
+    concurrency_lease_s: float = Field(900.0, gt=0)
+    """With Redis: how long a request holds its `max_concurrent` slot if its instance dies before
+    giving it back (keep it above the longest request)."""
+
+    end_streams_over_budget: bool = False
+    """End a stream with a final SSE error event (`insufficient_quota`) once it runs over its
+    tenant's budget. Off: it finishes and the budget goes negative by what it ran over."""
+
+    usage_db: Path | None = None
+    """SQLite usage store (per tenant and UTC day); None: `<server.state_dir>/usage.sqlite3`.
+    Used only with a keys file; instances on one host may share it."""
+
+    usage_flush_interval_s: float = Field(1.0, gt=0)
+    """How often usage counted in memory is written to the usage store."""
+
+    def usage_path(self, state_dir: Path) -> Path:
+        return self.usage_db if self.usage_db is not None else Path(state_dir) / "usage.sqlite3"
+
     def _read(self, inline: list[str], path: Path | None) -> list[str]:
         keys = [k for k in inline if k]
         if path is not None:
@@ -269,6 +304,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     """Per-request limits."""
 
+
     reload: ReloadSettings = Field(default_factory=ReloadSettings)
     """Hot reload strategy and limits."""
 
@@ -285,6 +321,22 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlProfileSource(settings_cls, settings_cls.profile_file))
+
+    @model_validator(mode="after")
+    def _tenant_rules(self) -> Settings:
+        auth = self.auth
+        if auth.keys_file is None:
+            if auth.redis_url:
+                raise ValueError("auth.redis_url shares tenant limits, but no auth.keys_file names any "
+                                 "tenant: set auth.keys_file, or drop auth.redis_url")
+            return self
+        from server.tenants.keys import load_directory
+
+        try:
+            load_directory(auth.keys_file, auth.resolved_api_keys(), auth.resolved_admin_keys())
+        except (ValueError, OSError) as exc:  # OSError: auth.api_key_file cannot be read
+            raise ValueError(f"auth.keys_file: {exc}") from None
+        return self
 
     @property
     def served_model_name(self) -> str:

@@ -3,7 +3,7 @@
 No Grafana server can be installed on the build machines (no Debian, PyPI or npm package runs
 one), so docs/dashboard.png is made by this script: every panel's PromQL queries go to
 Prometheus's /api/v1/query_range exactly as written in the dashboard JSON (the template
-variables $instance and $model set to "All", $__rate_interval to --rate-interval), and the
+variables $instance, $model and $tenant set to "All", $__rate_interval to --rate-interval), and the
 results are drawn as Grafana would draw a time series. The annotation queries are drawn as
 vertical lines on every panel.
 
@@ -28,7 +28,7 @@ DASHBOARD = Path(__file__).resolve().parent / "dashboards" / "llm-gateway.json"
 def substitute(expr: str, rate_interval: str, variables: dict[str, str] | None = None) -> str:
     """The dashboard's template variables replaced as Grafana does with 'All' selected."""
     values = {"$__rate_interval": rate_interval, "$__interval": rate_interval, "$__range": rate_interval,
-              "$instance": ".*", "$model": ".*", **(variables or {})}
+              "$instance": ".*", "$model": ".*", "$tenant": ".*", **(variables or {})}
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace(name, values[name])
     return expr

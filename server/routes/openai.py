@@ -36,7 +36,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse, "description": "Missing or wrong API key"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
     413: {"model": ErrorResponse, "description": "Request body too large"},
-    429: {"model": ErrorResponse, "description": "Too many requests in flight"},
+    429: {"model": ErrorResponse, "description": "Too many requests in flight (`code` 429), or over the "
+          "key's rate limits (`rate_limit_exceeded`) or token budget (`insufficient_quota`)"},
     503: {"model": ErrorResponse, "description": "No engine can serve right now"},
 }
 STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},

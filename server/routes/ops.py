@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from server.errors import error_body
@@ -54,6 +54,19 @@ async def admin_status(request: Request) -> JSONResponse:
     return JSONResponse(status)
 
 
+DAY_PATTERN = r"^\d{4}-\d{2}-\d{2}$"
+
+
+@router.get("/admin/usage", summary="Usage per tenant and UTC day from the usage store (admin key)")
+async def admin_usage(
+    request: Request,
+    start: str | None = Query(None, alias="from", pattern=DAY_PATTERN, description="first UTC day, YYYY-MM-DD"),
+    end: str | None = Query(None, alias="to", pattern=DAY_PATTERN, description="last UTC day, YYYY-MM-DD"),
+    tenant: str | None = Query(None, max_length=64, description="only this tenant"),
+) -> JSONResponse:
+    return JSONResponse(await request.app.state.tenancy.usage_report(tenant, start, end))
+
+
 class ReloadRequest(BaseModel):
     """Optional body of POST /admin/reload."""
 
@@ -69,7 +82,8 @@ class ReloadRequest(BaseModel):
     """Reload overrides, e.g. {"strategy": "blue-green"}."""
 
 
-@router.post("/admin/reload", summary="Reload the engine profile without a restart (admin key)")
+@router.post("/admin/reload", summary="Re-read the keys file, and reload the engine profile if it changed or "
+             "the body asks for changes (admin key)")
 async def admin_reload(request: Request, body: ReloadRequest | None = None) -> JSONResponse:
     reloader = request.app.state.reloader
     if reloader is None:

@@ -50,7 +50,6 @@ class PreparedPrompt:
 @dataclass
 class _ChoiceState:
     text_len: int = 0
-    tokens: int = 0
     echoed: bool = False
 
 
@@ -247,7 +246,7 @@ class CompletionService(GenerationService):
                         entries.extend(c.logprobs or [])
                         logprobs = build_logprobs(entries, state.text_len)
                     state.text_len += len(text)
-                    state.tokens += len(c.token_ids)
+                    stats.completion_tokens += len(c.token_ids)  # counted as the request runs
                     if stats.first_token_at is None:
                         stats.first_token_at = time.monotonic()
                     if c.finish_reason:
@@ -267,7 +266,6 @@ class CompletionService(GenerationService):
                         ],
                     )
                     yield sse(chunk.model_dump_json(exclude={"usage"}))
-            stats.completion_tokens = sum(s.tokens for s in states.values())
             stats.completed = True
             if req.stream_options and req.stream_options.include_usage:
                 usage = stats.usage()
@@ -276,7 +274,6 @@ class CompletionService(GenerationService):
                 )
                 yield sse(final.model_dump_json())
         except Exception as exc:  # never leave a started stream without an ending
-            stats.completion_tokens = sum(s.tokens for s in states.values())
             yield sse_error(exc, request_id)
         finally:
             await merged.aclose()

@@ -22,6 +22,7 @@ from server.metrics import (
     exposition,
 )
 from server.settings import EngineProfile, Settings
+from server.tenants.keys import Tenant, TenantLimits
 from tests.fakes import FakeEngine
 
 
@@ -76,6 +77,10 @@ def test_families_names_units_and_buckets() -> None:
         "gateway_engine_state": "gauge", "gateway_engine_reloads": "counter",
         "gateway_engine_reload_duration_seconds": "histogram", "gateway_engine_reload_queued_requests": "counter",
         "gateway_engine_reload_aborted_requests": "counter", "gateway_profile": "info", "gateway_build": "info",
+        "gateway_tenant_requests": "counter", "gateway_tenant_tokens": "counter",
+        "gateway_tenant_rate_limited": "counter", "gateway_tenant_budget_tokens": "gauge",
+        "gateway_tenant_budget_used_tokens": "gauge", "gateway_tenant_limiter_duration_seconds": "histogram",
+        "gateway_tenant_limiter_degraded": "counter", "gateway_tenant_keys_reloads": "counter",
     }
     assert {n: f.type for n, f in families.items()} == expected
     for name, family in families.items():
@@ -104,6 +109,9 @@ def test_engine_state_is_one_hot_and_rejections_map_to_reasons() -> None:
         before = get(snapshot(m), "gateway_rejections_total", reason=reason)
         m.observe_rejection(status)
         assert get(snapshot(m), "gateway_rejections_total", reason=reason) == before + 1
+    for reason in ("rate_limit", "budget"):  # a tenant's 429s, named by the middleware that refused them
+        m.observe_rejection(429, reason)
+        assert get(snapshot(m), "gateway_rejections_total", reason=reason) == 1
     total = sum(v for (n, _), v in snapshot(m).items() if n == "gateway_rejections_total")
     m.observe_rejection(500)
     m.observe_rejection(200)
@@ -139,7 +147,12 @@ def test_exposition_passes_promtool_check_metrics() -> None:
     m.requests.labels(route="/v1/completions", status="200").inc()
     m.ttft.labels(route="/v1/completions").observe(0.1)
     m.reload_duration.observe(12)
+    m.add_tenants([Tenant("acme", TenantLimits(budget_tokens=1000))])
+    m.tenant_requests.labels(tenant="acme", status="429").inc()
+    m.tenant_budget_used.labels(tenant="acme").set(10)
+    m.limiter_duration.labels(backend="redis").observe(0.0004)
     body, _ = exposition(m, openmetrics=False, include_vllm=False)
+    assert b'gateway_tenant_budget_tokens{tenant="acme"} 1000.0' in body
     r = subprocess.run([exe, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), (r.stdout + r.stderr).decode()
     assert re.search(rb"^gateway_requests_total\{", body, re.M)
