@@ -39,6 +39,7 @@ class EngineState(str, enum.Enum):
     SERVING = "serving"
     RELOADING = "reloading"
     DRAINING = "draining"
+    STALLED = "stalled"  # work pending and no engine output for health.stall_timeout_s
     DEAD = "dead"
     STOPPED = "stopped"
 
@@ -117,6 +118,7 @@ class EngineHolder:
         self._starts_in_progress = 0
         self._starts_abandoned = 0
         self._closing = asyncio.Event()  # set once shutdown began: no engine may start serving after it
+        self.stall_reason: str | None = None  # why the engine counts as stalled now
         self._state_listeners: list[Callable[[EngineState], None]] = []
         self._reload_listeners: list[Callable[[ReloadResult], None]] = []
 
@@ -157,8 +159,8 @@ class EngineHolder:
         return self.state is EngineState.SERVING and self._slot is not None
 
     def is_alive(self) -> bool:
-        """False once the engine died or failed to start (the /health answer)."""
-        if self.state is EngineState.DEAD:
+        """False once the engine died, failed to start or stalled (the /health answer)."""
+        if self.state in (EngineState.DEAD, EngineState.STALLED):
             return False
         if self.state is EngineState.SERVING and self.engine is not None and self.engine.is_dead():
             self._set_state(EngineState.DEAD)
@@ -178,8 +180,21 @@ class EngineHolder:
             "vllm_version": engine.info.vllm_version if engine else None,
             "profile": self.settings.summary(),
             "start_error": repr(self.start_error) if self.start_error else None,
+            "stall": self.stall_reason,
             "last_reload": self.last_reload.as_dict() if self.last_reload else None,
         }
+
+    def mark_stalled(self, reason: str) -> None:
+        """The stall rule fired: refuse new requests (503) until `mark_moving` or the exit."""
+        self.stall_reason = reason
+        if self.state is EngineState.SERVING:
+            self._set_state(EngineState.STALLED)
+
+    def mark_moving(self) -> None:
+        """The stalled engine produced output again (`health.on_stall: report`)."""
+        self.stall_reason = None
+        if self.state is EngineState.STALLED:
+            self._set_state(EngineState.SERVING)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -295,6 +310,8 @@ class EngineHolder:
             return await self._wait_for_reload()
         if self.state is EngineState.DEAD:
             raise EngineDeadError("the engine is dead; the service is restarting")
+        if self.state is EngineState.STALLED:
+            raise ServiceUnavailableError(f"{self.stall_reason}; retry shortly", headers={"Retry-After": "5"})
         if self.state is EngineState.STARTING:
             raise ServiceUnavailableError(
                 "the engine is still starting; retry shortly", headers={"Retry-After": "5"}

@@ -27,11 +27,12 @@ from pydantic import ValidationError
 from server.app import build_app
 from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
-from server.holder import EngineFactory, EngineHolder, ReloadResult
+from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.http_protocol import uvicorn_http_options
 from server.profile_checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
+from server.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
 
 logger = logging.getLogger("llm_gateway")
 
@@ -64,6 +65,7 @@ class Gateway:
         self.holder = EngineHolder(settings, engine_factory or VllmEngine.start)
         self.app = build_app(settings, self.holder)
         self.app.state.reloader = self.reload
+        self.stall_watch = StallWatch(self.holder, settings, self.app.state.metrics)
         self._loader = loader
         self.config_path = config_path
         config = uvicorn.Config(
@@ -106,15 +108,36 @@ class Gateway:
         self.notifier.ready(f"serving {self.settings.served_model_name} on {where}")
 
     async def _watchdog(self, interval: float) -> None:
-        """Ping systemd's watchdog while the event loop is responsive and the engine lives."""
+        """Ping systemd's watchdog while the event loop is responsive and the engine lives and
+        moves (or idles). An engine start pings too: it is bounded by TimeoutStartSec instead.
+
+        Pings stop once requests have waited on the engine without output for the stall
+        timeout, or for one ping interval when the stall rule is off, so `WatchdogSec=` catches a
+        stall even if the gateway's own rule is off or stuck.
+        """
         while not self._stopping:
-            if self.holder.is_alive():
+            if self.stall_watch.moving(self.stall_watch.timeout_s or interval):
                 self.notifier.watchdog()
             await asyncio.sleep(interval)
+
+    async def _watch_stalls(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            if await self.stall_watch.check() and self.stall_watch.on_stall == "exit":
+                self.exit_code = STALL_EXIT_CODE
+                # /health answers 503 for a moment so probes see the stall, not just a closed port.
+                await asyncio.sleep(self.stall_watch.exit_delay_s)
+                # The engine core is about to be ended on purpose: its exit is not an error.
+                note_stop_signal()
+                self.server.should_exit = True
+                return
 
     async def _watch_engine(self) -> None:
         while not self._stopping:
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            engine = self.holder.engine
+            if self.holder.state is EngineState.STALLED and not (engine is not None and engine.is_dead()):
+                continue  # the stall watch owns a stalled engine
             # /health may have noticed first and already marked the engine dead.
             if not self.holder.is_alive():
                 logger.error("the engine died; exiting so the supervisor restarts the service")
@@ -177,6 +200,7 @@ class Gateway:
             self.notifier.reloading("reloading (keys; engine profile unchanged)")
             self.config_path, self.settings = path, new_settings
             self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
+            self.stall_watch.configure(new_settings)
             logger.info("reload: engine profile unchanged, the engine keeps serving")
             return ReloadResult(outcome="success", strategy=new_settings.reload.strategy,
                                 duration_s=time.monotonic() - started, engine_reloaded=False)
@@ -189,6 +213,7 @@ class Gateway:
         if result.outcome == "success":
             self.config_path = path
             self.settings = new_settings
+            self.stall_watch.configure(new_settings)
             self.app.state.metrics.set_profile(profile_labels(new_settings, self.holder.engine.info.vllm_version))
         return result
 
@@ -242,6 +267,7 @@ class Gateway:
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
+        self._spawn(self._watch_stalls())
         if self.settings.reload.watch_config:
             self._spawn(self._watch_config())
         if (interval := self.notifier.watchdog_interval_s()) is not None:

@@ -38,7 +38,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 LIMITER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
 
-ENGINE_STATES = ("starting", "serving", "reloading", "draining", "dead", "stopped")
+ENGINE_STATES = ("starting", "serving", "reloading", "draining", "stalled", "dead", "stopped")
 
 REJECTION_REASONS = ("auth", "overload", "rate_limit", "budget", "validation", "unavailable")
 TENANT_REFUSALS = ("requests", "tokens", "concurrency", "budget")
@@ -85,6 +85,12 @@ class GatewayMetrics:
         self.engine_state = Gauge(
             "gateway_engine_state", "1 for the engine's current state, 0 for the others.",
             ["state"], registry=r)
+        self.engine_stalls = Counter(
+            "gateway_engine_stalls", "Times the engine stalled: requests pending in it and no engine "
+            "output for health.stall_timeout_s.", registry=r)
+        self.engine_quiet = Gauge(
+            "gateway_engine_quiet_seconds", "Seconds without engine output while requests are pending in "
+            "it (0 when idle or moving); the stall rule fires at health.stall_timeout_s.", registry=r)
         self.reloads = Counter(
             "gateway_engine_reloads", "Engine reloads by outcome.", ["outcome"], registry=r)
         self.reload_duration = Histogram(

@@ -180,6 +180,33 @@ class ReloadSettings(BaseModel):
     """How often the config file's modification time is checked."""
 
 
+class HealthSettings(BaseModel):
+    """The stall rule: an engine with work pending that produces no output for too long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stall_timeout_s: float | None = Field(None, ge=0)
+    """Seconds with requests pending in the engine and no engine output before the engine counts
+    as stalled (/health 503, requests failed, `on_stall`). None picks by device: 60 s on GPU, 300 s
+    on CPU, where one engine step of a large model can take tens of seconds. 0 turns the rule off;
+    the systemd watchdog pings still stop after WatchdogSec/2 without progress."""
+
+    on_stall: Literal["exit", "report"] = "exit"
+    """`exit`: fail the requests, stop the engine processes and exit with code 3, so systemd's
+    `Restart=on-failure` brings a fresh process. `report`: fail the requests and answer 503 on
+    /health and to new requests, but keep the process (and the stalled engine) for debugging; it
+    serves again if the engine moves again."""
+
+    exit_delay_s: float = Field(2.0, ge=0)
+    """With `on_stall: exit`, how long /health answers 503 before the process exits, so probes
+    and load balancers see the stall rather than only a closed port."""
+
+    def resolved_stall_timeout_s(self, device: Literal["cpu", "gpu"]) -> float:
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        return 60.0 if device == "gpu" else 300.0
+
+
 class EngineProfile(BaseModel):
     """The engine profile: every field maps onto vLLM's ``AsyncEngineArgs``."""
 
@@ -304,9 +331,11 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     """Per-request limits."""
 
-
     reload: ReloadSettings = Field(default_factory=ReloadSettings)
     """Hot reload strategy and limits."""
+
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    """When a stalled engine is reported and what the process then does."""
 
     engine: EngineProfile = Field(default_factory=EngineProfile)
     """The vLLM engine profile."""

@@ -101,6 +101,25 @@ def wait_for_engine_core(pid: int, timeout: float = 120.0) -> list[int]:
     raise AssertionError(f"no vLLM engine-core process under {pid} after {timeout} s")
 
 
+def engine_core_processes(pid: int, timeout: float = 60.0) -> list:  # list[psutil.Process]
+    """vLLM's engine-core process(es) under `pid` (the process a stall test stops)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cores = []
+        for child in psutil.Process(pid).children(recursive=True):
+            try:
+                if "EngineCor" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                    cores.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        if cores:
+            return cores
+        time.sleep(0.1)
+    raise AssertionError(f"no vLLM engine-core process under {pid} after {timeout} s")
+
+
 def kill_tree(pid: int) -> None:
     import psutil
 

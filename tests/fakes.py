@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import ChoiceOutput, EngineInfo, GenerationOutput, SamplingOptions
+from server.engine import ChoiceOutput, EngineInfo, EngineProgress, GenerationOutput, SamplingOptions
 from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
 
 
@@ -25,6 +26,9 @@ class FakeEngine:
     running: int = 0
     abort_message: str | None = None
     closed: bool = False
+    stalled: bool = False  # True: generation waits without output (a stopped engine core)
+    last_output_at: float = 0.0
+    busy_since: float = 0.0
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -42,13 +46,18 @@ class FakeEngine:
         return options
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Any) -> AsyncIterator[GenerationOutput]:
+        if self.running == 0:
+            self.busy_since = time.monotonic()
         self.running += 1
         finished = False
         try:
             n = sampling.max_tokens
             for i in range(n):
+                while self.stalled and self.abort_message is None:
+                    await asyncio.sleep(0.01)
                 if self.abort_message is not None:
                     raise ServiceUnavailableError(self.abort_message)
+                self.last_output_at = time.monotonic()
                 if self.fail_after is not None and i >= self.fail_after:
                     raise EngineDeadError("scripted engine failure")
                 if self.delay_s:
@@ -78,6 +87,10 @@ class FakeEngine:
 
     def is_dead(self) -> bool:
         return self.dead
+
+    def progress(self) -> EngineProgress:
+        quiet = time.monotonic() - max(self.last_output_at, self.busy_since) if self.running else 0.0
+        return EngineProgress(self.running, quiet, self.last_output_at)
 
     async def num_unfinished_requests(self) -> int:
         return self.running

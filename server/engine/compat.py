@@ -9,6 +9,7 @@ fails loudly in CI (`make test-compat` runs the engine tests on 0.26, `make test
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
@@ -48,3 +49,23 @@ async def stop_output_handler(llm: Any) -> None:
         return
     handler.cancel()
     await asyncio.wait({handler})  # returns once it ended, without raising its CancelledError
+
+
+def watch_core_outputs(llm: Any, on_output: Callable[[], None]) -> None:
+    """Call `on_output()` each time the engine core hands `AsyncLLM` a batch of outputs.
+
+    In vLLM 0.26 and 0.32 alike, `AsyncLLM`'s output handler awaits
+    `llm.engine_core.get_output_async()` once per batch, and with stats on (the gateway never
+    turns them off) the core sends one every scheduler step while requests run, also for steps
+    that only prefill a chunk. So this is the engine's heartbeat under load, whatever the
+    requests' output kind; it is wrapped on the instance, before the handler first runs.
+    """
+    core = llm.engine_core
+    receive = core.get_output_async
+
+    async def get_output_async() -> Any:
+        outputs = await receive()
+        on_output()
+        return outputs
+
+    core.get_output_async = get_output_async

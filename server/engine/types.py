@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
-
 @dataclass(slots=True)
 class TopLogprob:
     token_id: int
@@ -88,6 +87,20 @@ class EngineInfo:
     default_sampling: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class EngineProgress:
+    """Whether the engine moves: what the stall rule and the systemd watchdog read."""
+
+    pending: int
+    """The gateway's requests inside the engine now (running or queued there)."""
+
+    quiet_s: float
+    """Seconds without engine output while requests were pending (0 when idle)."""
+
+    last_output_at: float
+    """`time.monotonic()` of the engine's last output (0.0 before the first)."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the gateway needs from an inference engine."""
@@ -119,6 +132,8 @@ class Engine(Protocol):
         ...
 
     def is_dead(self) -> bool: ...
+
+    def progress(self) -> EngineProgress: ...
 
     async def num_unfinished_requests(self) -> int: ...
 

@@ -13,6 +13,7 @@ import inspect
 import logging
 import shutil
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from server.engine.runtime import engine_args_kwargs, prepare_engine_environment
 from server.engine.types import (
     ChoiceOutput,
     EngineInfo,
+    EngineProgress,
     GenerationOutput,
     SamplingOptions,
     TokenLogprob,
@@ -38,6 +40,9 @@ from server.profile_checks import check_parallelism
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.engine")
+
+# An abort reaches the engine core over a socket; a stalled core must not hold up the caller.
+ABORT_TIMEOUT_S = 5.0
 
 _stop_signalled = threading.Event()
 
@@ -97,6 +102,12 @@ class VllmEngine:
         self._closed = False
         self._active: set[str] = set()
         self._aborted: dict[str, str] = {}  # request id -> why the gateway aborted it
+        self._last_output = 0.0  # monotonic time of the engine core's last batch of outputs
+        self._busy_since = 0.0  # when requests last became pending after an idle spell
+        compat.watch_core_outputs(llm, self._note_output)
+
+    def _note_output(self) -> None:
+        self._last_output = time.monotonic()
 
     @classmethod
     async def start(cls, settings: Settings) -> VllmEngine:
@@ -231,6 +242,8 @@ class VllmEngine:
             TokensPrompt(prompt_token_ids=prompt_token_ids), sampling, request_id
         )
         finished = False
+        if not self._active:
+            self._busy_since = time.monotonic()
         self._active.add(request_id)
         try:
             async for out in stream:
@@ -299,7 +312,9 @@ class VllmEngine:
         if self._closed:
             return
         try:
-            await self._llm.abort(request_id)
+            # The output processor ends the request's stream before the core is told, so even a
+            # stalled core's requests end here; only the message to the core may time out.
+            await asyncio.wait_for(self._llm.abort(request_id), ABORT_TIMEOUT_S)
         except Exception:  # an abort of a finished or dead request is not an error
             logger.debug("abort of %s failed", request_id, exc_info=True)
 
@@ -312,6 +327,11 @@ class VllmEngine:
 
     def is_dead(self) -> bool:
         return not self._closed and bool(self._llm.errored)
+
+    def progress(self) -> EngineProgress:
+        pending = len(self._active)
+        quiet = time.monotonic() - max(self._last_output, self._busy_since) if pending else 0.0
+        return EngineProgress(pending, quiet, self._last_output)
 
     async def num_unfinished_requests(self) -> int:
         return compat.num_unfinished_requests(self._llm)

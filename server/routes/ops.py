@@ -10,20 +10,22 @@ from pydantic import BaseModel, ConfigDict
 from server.errors import error_body
 from fastapi.responses import JSONResponse, Response
 
-from server.holder import EngineHolder
+from server.holder import EngineHolder, EngineState
 from server.metrics import exposition
 
 router = APIRouter()
 
 
-@router.get("/health", summary="200 while the engine lives, 503 once it died")
+@router.get("/health", summary="200 while the engine lives and moves (or idles), 503 once it died or stalled")
 async def health(request: Request) -> JSONResponse:
     holder: EngineHolder = request.app.state.holder
-    alive = holder.is_alive()
-    return JSONResponse(
-        {"status": "ok" if alive else "dead", "state": holder.state.value},
-        status_code=200 if alive else 503,
-    )
+    if holder.is_alive():
+        return JSONResponse({"status": "ok", "state": holder.state.value})
+    if holder.state is EngineState.STALLED:
+        body = {"status": "stalled", "state": holder.state.value, "reason": holder.stall_reason}
+    else:
+        body = {"status": "dead", "state": holder.state.value}
+    return JSONResponse(body, status_code=503)
 
 
 @router.get("/ready", summary="200 once the engine serves, 503 before that and while draining")
@@ -51,6 +53,8 @@ async def admin_status(request: Request) -> JSONResponse:
     status = holder.status()
     engine = holder.engine
     status["engine_unfinished_requests"] = await engine.num_unfinished_requests() if engine else 0
+    progress = engine.progress() if engine else None
+    status["engine_quiet_s"] = round(progress.quiet_s, 3) if progress else 0.0
     return JSONResponse(status)
 
 

@@ -291,13 +291,13 @@ class NotifiedGateway:
 WATCHDOG_USEC = 2_000_000  # WatchdogSec=2: pings expected every second
 
 
-def launch_notified_gateway(tmp: Path) -> NotifiedGateway:
+def launch_notified_gateway(tmp: Path, env: dict[str, str] | None = None) -> NotifiedGateway:
     """`llm-gateway serve` with NOTIFY_SOCKET (and WATCHDOG_USEC), as systemd would start it."""
     tmp.mkdir(parents=True, exist_ok=True)
     listener = NotifyListener(tmp / "notify.sock")
     server = start_gateway(
         tmp, wait=False,
-        env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)},
+        env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": str(WATCHDOG_USEC), **(env or {})},
     )
     listener.base_url = server.base_url
     polls: list[tuple[float, int]] = []

@@ -330,3 +330,70 @@ def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerP
         stop.set()
         nginx.stop()
         leaving.stop()
+
+
+def test_a_stalled_instance_loses_no_request_after_detection(tmp_path: Path, gateway: ServerProcess) -> None:
+    """Two instances behind nginx under paced traffic; the engine core of one is stopped
+    (SIGSTOP). Once it reports the stall (/health 503), no client request fails: its 503s, then
+    its closed port after it exits 3, go to the other instance (proxy_next_upstream)."""
+    import threading
+
+    from tests.conftest import engine_core_processes, start_gateway
+
+    (tmp_path / "stalling").mkdir()
+    stalling = start_gateway(tmp_path / "stalling", env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "6"})
+    cores = engine_core_processes(stalling.proc.pid)
+    nginx = start_nginx(tmp_path / "nginx", [port_of(gateway), stalling.port])
+    stop = threading.Event()
+    lock = threading.Lock()
+    outcomes: list[tuple[float, str]] = []  # (sent at, "200" or what failed)
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                resp = completion(nginx.base_url, prompt=f"Client {i} counts:", max_tokens=4)
+                outcome = "200" if resp.status_code == 200 else f"{resp.status_code} {resp.text[:200]}"
+            except httpx.HTTPError as exc:
+                outcome = repr(exc)
+            with lock:
+                outcomes.append((sent, outcome))
+            stop.wait(0.6)  # well under the site's 10 requests/s per client address
+
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    try:
+        for t in clients:
+            t.start()
+        time.sleep(3)  # both instances serve traffic
+        for core in cores:
+            core.suspend()
+        stopped_at = time.monotonic()
+        detected_at = None
+        while time.monotonic() - stopped_at < 15 and stalling.proc.poll() is None:
+            if httpx.get(stalling.base_url + "/health", timeout=5).status_code == 503:
+                detected_at = time.monotonic()
+                break
+            time.sleep(0.1)
+        assert detected_at is not None, "no stall reported"
+        code = stalling.proc.wait(60)
+        time.sleep(3)  # traffic continues against the one instance left
+        stop.set()
+        for t in clients:
+            t.join(120)
+        after = [o for sent, o in outcomes if sent >= detected_at]
+        failed = [o for _, o in outcomes if o != "200"]
+        print(f"\n{len(outcomes)} requests, {len(failed)} failed ({len(after)} sent after the stall was "
+              f"reported {detected_at - stopped_at:.1f} s after SIGSTOP, none may fail); exit {code}")
+        assert code == 3, stalling.log()[-3000:]
+        assert len(after) >= 10 and all(o == "200" for o in after), after
+        log = nginx.access_log()
+        assert f'upstream="127.0.0.1:{stalling.port}"' in log  # it served requests before the stall
+    finally:
+        stop.set()
+        for core in cores:
+            try:
+                core.kill()
+            except Exception:
+                pass
+        nginx.stop()
+        stalling.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SERVED_NAME, descendants, kill_tree
+from tests.conftest import SERVED_NAME, descendants, engine_core_processes, kill_tree
 from tests.e2e.conftest import NotifiedGateway, NotifyListener, launch_notified_gateway
 
 
@@ -123,6 +123,63 @@ def test_stopping_on_sigterm_while_a_request_drains(
         if relaunched is not None:
             relaunched.server.stop()
             relaunched.listener.close()
+
+
+def test_watchdog_pings_follow_engine_progress(model_dir: Path, tmp_path: Path) -> None:
+    """With the gateway's own stall rule off (health.stall_timeout_s: 0), WatchdogSec= still
+    catches a stall: pings go on through the engine start (a long first start cannot trip the
+    watchdog; TimeoutStartSec bounds it) and while requests stream, stop while the engine core is
+    stopped (SIGSTOP) with requests pending, and resume once it moves again."""
+    gw = launch_notified_gateway(tmp_path, env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "0"})
+    interval = gw.watchdog_usec / 1e6 / 2
+    cores = engine_core_processes(gw.server.proc.pid)
+    try:
+        ready_index, ready = gw.listener.wait_for("READY", "1", timeout=10)
+        messages = gw.listener.messages
+        start_s = ready.at - messages[0].at
+        pings_in_start = [m for m in messages[:ready_index] if m.fields.get("WATCHDOG") == "1"]
+        assert len(pings_in_start) >= int(start_s / interval) - 1, (start_s, len(pings_in_start))
+
+        results: list[str] = []
+
+        def stream(i: int) -> None:
+            body = {"model": SERVED_NAME, "prompt": f"Tell story {i}.", "max_tokens": 200, "stream": True,
+                    "ignore_eos": True}
+            with httpx.stream("POST", gw.server.base_url + "/v1/completions", json=body, timeout=120) as r:
+                results.append(r.read().decode().rstrip()[-12:])
+
+        workers = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for w in workers:
+            w.start()
+        time.sleep(2.0)  # streaming: pings go on
+        before = len(gw.listener.messages)
+        for core in cores:
+            core.suspend()
+        stopped_at = time.monotonic()
+        try:
+            time.sleep(7.0)
+            health = httpx.get(gw.server.base_url + "/health", timeout=5)
+        finally:
+            for core in cores:
+                core.resume()
+        resumed_at = time.monotonic()
+        pings = [m.at - stopped_at for m in gw.listener.messages[before:] if m.fields.get("WATCHDOG") == "1"]
+        # At most the pings of the first ~2 intervals (quiet < one interval), none after.
+        assert not [t for t in pings if 2 * interval + 0.5 < t < resumed_at - stopped_at], pings
+        assert health.status_code == 200  # the rule is off: only the watchdog notices
+        _, resumed = wait_for_live(gw, "WATCHDOG", "1", after=len(gw.listener.messages), timeout=5)
+        assert resumed.at - resumed_at < 3 * interval
+        for w in workers:
+            w.join(120)
+        assert results == ["data: [DONE]"] * 4, results
+    finally:
+        for core in cores:
+            try:
+                core.resume()
+            except Exception:
+                pass
+        gw.server.stop()
+        gw.listener.close()
 
 
 def test_listener_sees_credentials(tmp_path: Path) -> None:

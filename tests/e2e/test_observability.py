@@ -284,6 +284,7 @@ def test_promtool_check_config_and_rules() -> None:
         "LLMGatewayDown", "LLMGatewayEngineNotServing", "LLMGatewayHighErrorRatio", "LLMGatewayTTFTHigh",
         "LLMGatewayKVCacheNearlyFull", "LLMGatewaySustainedQueueing", "LLMGatewayReloadFailed",
         "LLMGatewayTenantLimiterDegraded", "LLMGatewayTenantKeysReloadFailed",
+        "LLMGatewayEngineQuiet", "LLMGatewayEngineStalled",
     }
     for rule in rules:
         assert rule["annotations"].get("summary") and rule["annotations"].get("description"), rule["alert"]
@@ -313,7 +314,7 @@ def test_dashboard_json_and_provisioning_are_valid() -> None:
                    "Gateway overhead on TTFT", "Inter-token latency", "End-to-end latency", "Token throughput",
                    "Running vs waiting requests", "KV cache usage", "Queue time",
                    "Prefill vs decode time (mean per request)", "Finish reasons", "Engine state",
-                   "Requests by tenant", "Tokens per minute by tenant"):
+                   "Requests by tenant", "Tokens per minute by tenant", "Engine quiet time and stalls"):
         assert needed in titles
     for panel in panels:
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from server.settings import HealthSettings
 from tests.conftest import ROOT
 
 SYSTEMD_DIR = ROOT / "systemd"
@@ -98,6 +99,9 @@ def test_unit_settings(name: str) -> None:
     assert one["User"] == one["Group"] == "llm-gateway"
     assert "-/etc/llm-gateway/llm-gateway.env" in svc["EnvironmentFile"]
     assert int(one["TimeoutStartSec"]) >= 600  # first start: compile + CUDA graph capture
+    # The watchdog is on. Pings stop at the stall timeout; systemd fires up to WatchdogSec later,
+    # so the gateway's own rule (clear 503s, exit code 3) acts first on the GPU profiles.
+    assert int(one["WatchdogSec"]) >= 2 * HealthSettings().resolved_stall_timeout_s("gpu")
     # Stop must outlast the longest drain of any shipped profile plus the engine shutdown.
     drains = [yaml.safe_load(p.read_text()).get("server", {}).get("drain_timeout_s", 30)
               for p in (ROOT / "configs").glob("*.yaml")]

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, ServerProcess, start_gateway
+from tests.conftest import ROOT, ServerProcess, engine_core_processes, start_gateway
 
 pytestmark = pytest.mark.gpu
 
@@ -27,6 +27,10 @@ PROFILES = {
     "prefill": (ROOT / "configs" / "gemma4-e2b-h200.yaml", True),
     "decode": (ROOT / "configs" / "gemma4-e2b-h200-decode.yaml", False),
 }
+# A stall timeout well under the GPU default (60 s): every test here also checks that normal GPU
+# serving (CUDA graphs, a reload, long prompts) never trips it; the last one stalls the engine.
+STALL_S = 15
+EXPECTED_EXIT: dict[str, int] = {}  # profile -> the gateway's exit code, when not 0
 
 
 @pytest.fixture(scope="module", params=sorted(PROFILES))
@@ -39,9 +43,10 @@ def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     config, _ = PROFILES[request.param]
     settings = benchlib.effective_settings(config, benchlib.device_overrides("gpu", tmp, model))
     profile = benchlib.write_settings(settings, tmp / "profile.yaml")
-    server = start_gateway(tmp, config=profile, extra_args=["--state-dir", str(tmp / "state")])
+    server = start_gateway(tmp, config=profile, extra_args=["--state-dir", str(tmp / "state")],
+                           env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(STALL_S)})
     yield server, request.param
-    assert server.stop(timeout=120) == 0
+    assert server.stop(timeout=120) == EXPECTED_EXIT.get(request.param, 0)
 
 
 def complete(server: ServerProcess, **body: object) -> httpx.Response:
@@ -100,3 +105,71 @@ def test_reload_swaps_profiles_on_the_gpu(gemma: tuple[ServerProcess, str], tmp_
     assert complete(server, prompt=[5, 6, 7], max_tokens=4, ignore_eos=True).status_code == 200
     status = httpx.get(server.base_url + "/admin/status", timeout=30).json()
     assert status["model"] == "gemma-reloaded" and status["profile"]["max_num_seqs"] == 256
+
+
+def test_a_stalled_engine_is_failed_and_the_gateway_exits_3(gemma: tuple[ServerProcess, str]) -> None:
+    """Last on each profile: SIGSTOP the engine core under 8 streams: /health 503 within the stall
+    timeout + 5 s, every stream ends with an error event, the gateway exits 3 with nothing left."""
+    import threading
+    import time
+
+    import psutil
+
+    server, name = gemma
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    cores = engine_core_processes(server.proc.pid)
+    engine_pids = [p.pid for p in psutil.Process(server.proc.pid).children(recursive=True)]
+    outcomes: list[str] = []
+    first = threading.Semaphore(0)
+
+    def stream(i: int) -> None:
+        body = {"model": model, "prompt": [(i * 131 + k) % 262144 for k in range(64)], "max_tokens": 16000,
+                "ignore_eos": True, "stream": True}
+        started = False
+        last = ""
+        try:
+            with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        last = line
+                        if not started:
+                            started = True
+                            first.release()
+            outcomes.append("error event" if '"error"' in last else f"ended: {last[:120]}")
+        except httpx.HTTPError as exc:
+            outcomes.append(repr(exc))
+        finally:
+            if not started:
+                first.release()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for _ in threads:
+        assert first.acquire(timeout=120)
+    EXPECTED_EXIT[name] = 3
+    try:
+        for core in cores:
+            core.suspend()
+        stopped = time.monotonic()
+        health = None
+        while time.monotonic() - stopped < STALL_S + 5:
+            health = httpx.get(server.base_url + "/health", timeout=5)
+            if health.status_code == 503:
+                break
+            time.sleep(0.2)
+        assert health is not None and health.status_code == 503, "no stall reported"
+        assert health.json()["status"] == "stalled", health.text
+        for t in threads:
+            t.join(60)
+        assert outcomes == ["error event"] * 8, outcomes
+        assert server.proc.wait(90) == 3
+        time.sleep(1)
+        left = [p for p in engine_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, left
+    finally:
+        for core in cores:
+            try:
+                core.kill()
+            except psutil.NoSuchProcess:
+                pass

@@ -75,6 +75,7 @@ def test_families_names_units_and_buckets() -> None:
         "gateway_completion_tokens": "counter", "gateway_request_finish": "counter",
         "gateway_client_disconnects": "counter", "gateway_rejections": "counter",
         "gateway_engine_state": "gauge", "gateway_engine_reloads": "counter",
+        "gateway_engine_stalls": "counter", "gateway_engine_quiet_seconds": "gauge",
         "gateway_engine_reload_duration_seconds": "histogram", "gateway_engine_reload_queued_requests": "counter",
         "gateway_engine_reload_aborted_requests": "counter", "gateway_profile": "info", "gateway_build": "info",
         "gateway_tenant_requests": "counter", "gateway_tenant_tokens": "counter",

@@ -1,0 +1,237 @@
+"""A stalled engine on the real CPU engine: the engine core is stopped with SIGSTOP under load.
+
+- detected within the stall timeout (+5 s): /health 503 with the reason, every client gets an
+  error (none hangs), the gateway exits 3 and leaves no engine process behind;
+- a stop shorter than the timeout, an idle gateway, and prefill work that keeps requests without
+  output for longer than the timeout are not stalls.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway
+
+SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s
+LONG_PROMPT = 4000  # tokens: one prompt is one engine step (max_num_batched_tokens 4096)
+
+
+def stall_env(seconds: float) -> dict[str, str]:
+    return {"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(seconds)}
+
+
+def fresh_prompt(rng: random.Random) -> list[int]:
+    return [rng.randrange(1000, 40000) for _ in range(LONG_PROMPT)]  # no prefix-cache hits
+
+
+def prefill_s(server: ServerProcess, prompt: list[int]) -> float:
+    t0 = time.monotonic()
+    r = httpx.post(server.base_url + "/v1/completions", timeout=300,
+                   json={"prompt": prompt, "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return time.monotonic() - t0
+
+
+@dataclass
+class Watched:
+    server: ServerProcess
+    stall_s: float  # its health.stall_timeout_s
+    step_s: float  # one 4,000-token prefill (one engine step), measured before it started
+
+
+@pytest.fixture(scope="module")
+def watched(gateway: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
+    """A gateway whose stall timeout is 3 long engine steps of this machine (at least 10 s):
+    6-16 s per 4,000-token prefill step on 2 CPU cores, so a fixed timeout would either not be
+    close to a step here or trip on a slower machine."""
+    step = prefill_s(gateway, fresh_prompt(random.Random(1)))
+    stall = round(max(10.0, 3 * step), 1)
+    server = start_gateway(tmp_path_factory.mktemp("stall"), env=stall_env(stall))
+    yield Watched(server, stall, step)
+    server.stop()
+
+
+def engine_cores(server: ServerProcess) -> list[psutil.Process]:
+    return engine_core_processes(server.proc.pid)
+
+
+class Streams:
+    """`n` streaming clients in threads; `started` once each received its first chunk."""
+
+    def __init__(self, server: ServerProcess, n: int, max_tokens: int) -> None:
+        self.results: list[tuple[str, float, list[dict]]] = []  # outcome, seconds, chunks
+        self._first = threading.Semaphore(0)
+        self.n = n
+        self.threads = [threading.Thread(target=self._one, args=(server, i, max_tokens)) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, server: ServerProcess, i: int, max_tokens: int) -> None:
+        t0 = time.monotonic()
+        chunks: list[dict] = []
+        first = False
+        try:
+            body = {"prompt": f"Story {i}:", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self.results.append((f"http {r.status_code}", time.monotonic() - t0, [r.json()]))
+                    return
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        chunks.append(json.loads(line[6:]))
+                        if not first:
+                            first = True
+                            self._first.release()
+            outcome = "error event" if chunks and "error" in chunks[-1] else "complete"
+            self.results.append((outcome, time.monotonic() - t0, chunks))
+        except httpx.HTTPError as exc:
+            self.results.append((type(exc).__name__, time.monotonic() - t0, chunks))
+        finally:
+            if not first:
+                self._first.release()
+
+    def wait_started(self, timeout: float = 120) -> None:
+        for _ in range(self.n):
+            assert self._first.acquire(timeout=timeout), "a stream did not start"
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not [t for t in self.threads if t.is_alive()], "a client hung"
+
+
+def health(server: ServerProcess) -> httpx.Response:
+    return httpx.get(server.base_url + "/health", timeout=5)
+
+
+def test_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(model_dir: Path, tmp_path: Path) -> None:
+    server = start_gateway(tmp_path, env=stall_env(SHORT_STALL_S))
+    cores = engine_cores(server)
+    try:
+        streams = Streams(server, 8, max_tokens=3000)
+        streams.wait_started()
+        engine_pids = descendants(server.proc.pid)
+        for core in cores:
+            core.suspend()
+        stopped_at = time.monotonic()
+        stalled: httpx.Response | None = None
+        while time.monotonic() - stopped_at < SHORT_STALL_S + 5 and server.proc.poll() is None:
+            r = health(server)
+            if r.status_code == 503:
+                stalled = r
+                break
+            assert r.status_code == 200
+            time.sleep(0.2)
+        detected_s = time.monotonic() - stopped_at
+        assert stalled is not None, f"/health still 200 after {detected_s:.1f} s"
+        body = stalled.json()
+        assert body["status"] == "stalled" and body["state"] == "stalled"
+        assert "8 request(s) pending" in body["reason"], body
+        assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 503
+        late = httpx.post(server.base_url + "/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10)
+        assert late.status_code == 503 and "stalled" in late.json()["error"]["message"]
+        streams.join(30)
+        assert len(streams.results) == 8
+        for outcome, _, chunks in streams.results:
+            assert outcome == "error event", (outcome, chunks[-1:])
+            assert "stalled" in chunks[-1]["error"]["message"]
+        code = server.proc.wait(60)
+        assert code == 3
+        time.sleep(1)
+        left = [p for p in engine_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, left
+        log = server.log()
+        stall_lines = [line for line in log.splitlines() if "the engine stalled" in line and " ERROR " in line]
+        assert len(stall_lines) == 1, stall_lines
+        assert "8 request(s) pending" in stall_lines[0]
+        assert "exit code 3" in log
+        print(f"stall detected after {detected_s:.1f} s (timeout {SHORT_STALL_S} s)")
+    finally:
+        for core in cores:
+            try:
+                core.kill()
+            except psutil.NoSuchProcess:
+                pass
+        server.stop(signal.SIGKILL)
+
+
+def test_a_stop_shorter_than_the_timeout_is_not_a_stall(watched: Watched) -> None:
+    stall_s, watched = watched.stall_s, watched.server
+    cores = engine_cores(watched)
+    streams = Streams(watched, 4, max_tokens=120)
+    streams.wait_started()
+    for core in cores:
+        core.suspend()
+    stopped_at = time.monotonic()
+    try:
+        while time.monotonic() - stopped_at < stall_s / 2:
+            assert health(watched).status_code == 200
+            time.sleep(0.2)
+    finally:
+        for core in cores:
+            core.resume()
+    streams.join(120)
+    for outcome, _, chunks in streams.results:
+        assert outcome == "complete", (outcome, chunks[-1:])
+        assert chunks[-1]["usage"]["completion_tokens"] == 120
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert health(watched).status_code == 200
+    assert watched.proc.poll() is None
+
+
+def test_an_idle_gateway_stays_healthy(watched: Watched) -> None:
+    stall_s, watched = watched.stall_s, watched.server
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3 * stall_s:
+        assert health(watched).json() == {"status": "ok", "state": "serving"}
+        assert httpx.get(watched.base_url + "/ready", timeout=5).status_code == 200
+        time.sleep(0.5)
+    assert httpx.get(watched.base_url + "/admin/status", timeout=5).json()["engine_quiet_s"] == 0
+
+
+def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
+    """After the idle spell of the test before, five fresh 4,000-token prompts at once: each is
+    one engine step of about 1/3 of the timeout, without any output, and the last answer waits for
+    all five steps, longer than the timeout, while the engine reports every step."""
+    stall_s, step_s, watched = watched.stall_s, watched.step_s, watched.server
+    rng = random.Random(7)
+    prompts = [fresh_prompt(rng) for _ in range(5)]
+    answers: list[float] = []
+    health_seen: list[int] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            health_seen.append(health(watched).status_code)
+            time.sleep(0.2)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    threads = [threading.Thread(target=lambda p=p: answers.append(prefill_s(watched, p))) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    done.set()
+    prober.join(10)
+    assert len(answers) == 5
+    print(f"engine step of one 4,000-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
+          f"5 at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
+    assert max(answers) > stall_s, f"not a real check: the last answer took only {max(answers):.1f} s"
+    assert set(health_seen) == {200}
+    metrics = httpx.get(watched.base_url + "/metrics", timeout=5).text
+    assert "gateway_engine_stalls_total 0.0" in metrics
