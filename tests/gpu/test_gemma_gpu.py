@@ -130,7 +130,7 @@ def test_a_stalled_engine_is_failed_and_the_gateway_exits_3(gemma: tuple[ServerP
         try:
             with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
                 for line in r.iter_lines():
-                    if line.startswith("data: "):
+                    if line.startswith("data: ") and line != "data: [DONE]":  # [DONE] follows an error event too
                         last = line
                         if not started:
                             started = True
