@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--num-requests", "-n", type=int, help="requests per run (default 100 unless --duration)")
     shape.add_argument("--duration", type=float, help="seconds per run; in-flight requests finish")
     shape.add_argument("--warmup", type=int, default=0, help="uncounted warm-up requests before each run")
+    shape.add_argument("--workers", type=int, default=1,
+                       help="client processes sharing the load (default 1): concurrency, rate, --max-concurrency, "
+                            "-n and --warmup are split between them (10 over 3 -> 4,3,3), --duration applies to "
+                            "each; they start together after the warm-up and their records are merged into one "
+                            "summary. Needs concurrency >= N. With N > 1 there is no live progress bar: a line "
+                            "per finished worker instead")
 
     work = run.add_argument_group("workload")
     work.add_argument("--dataset", choices=["random", "jsonl"], default="random")
@@ -163,17 +169,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     slos = dict(args.slo)
     runs: list[RunResult] = []
     for load in _loads(args):
-        bar = ProgressBar(num, load.label, enabled=not args.no_progress)
-        try:
-            result = asyncio.run(run_load(endpoint, load, bounds, specs, warmup_specs=warmup, seed=args.seed,
-                                          observer=bar, timeout_s=args.timeout))
-        finally:
-            bar.close()
+        if args.workers > 1:
+            result = _run_workers(args, endpoint, load, bounds, specs, warmup)
+        else:
+            bar = ProgressBar(num, load.label, enabled=not args.no_progress)
+            try:
+                result = asyncio.run(run_load(endpoint, load, bounds, specs, warmup_specs=warmup, seed=args.seed,
+                                              observer=bar, timeout_s=args.timeout))
+            finally:
+                bar.close()
         runs.append(result)
         print(format_summary(load.label, summarize(result.records, result.duration_s, slos)), flush=True)
     if args.out:
         _write(args, runs, model, slos)
     return 0
+
+
+def _run_workers(args: argparse.Namespace, endpoint: Endpoint, load: Load, bounds: Bounds,
+                 specs: list[RequestSpec], warmup: list[RequestSpec]) -> RunResult:
+    from loadtest.workers import WorkerJob, WorkerResult, run_workers
+
+    def done(res: WorkerResult, job: WorkerJob) -> None:
+        if not args.no_progress:
+            failed = sum(1 for r in res.records if not r.ok)
+            print(f"{load.label}: worker {job.worker + 1}/{args.workers} ({job.load.label}) done: "
+                  f"{len(res.records)} requests, {failed} failed", file=sys.stderr, flush=True)
+
+    try:
+        return run_workers(endpoint, load, bounds, specs, workers=args.workers, warmup_specs=warmup,
+                           seed=args.seed, timeout_s=args.timeout, on_done=done)
+    except RuntimeError as exc:
+        sys.exit(f"{load.label}: {exc}")
 
 
 def _write(args: argparse.Namespace, runs: list[RunResult], model: str, slos: dict[str, float]) -> None:
@@ -215,7 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
         argv.insert(0, "run")  # `python -m loadtest --base-url ...` means run
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "run" and args.rate and any(r <= 0 or math.isnan(r) for r in args.rate):
         sys.exit("--rate values must be > 0")
+    if args.command == "run":
+        from loadtest.workers import validate
+
+        problem = validate(args.workers, concurrency=args.concurrency, rate=args.rate,
+                           max_concurrency=args.max_concurrency, num_requests=args.num_requests,
+                           burstiness=args.burstiness)
+        if problem:
+            parser.error(problem)
     return int(args.func(args) or 0)

@@ -40,6 +40,7 @@ def build_document(config: dict[str, Any], runs: list[RunResult], slos_ms: dict[
         "runs": [{
             "label": run.load.label,
             "load": asdict(run.load),
+            "workers": run.workers,
             "summary": summarize(run.records, run.duration_s, slos_ms),
             "requests": [r.to_dict() for r in run.records],
         } for run in runs],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -50,6 +50,8 @@ class RunResult:
     load: Load
     duration_s: float
     records: list[RequestRecord] = field(default_factory=list)
+    workers: int = 1  # client processes that shared the load (loadtest/workers.py)
+    started_at: float = 0.0  # perf_counter at the run start (times in records are relative to it)
 
 
 class Observer(Protocol):
@@ -69,13 +71,18 @@ def make_client(timeout_s: float) -> httpx.AsyncClient:
 
 async def run_load(endpoint: Endpoint, load: Load, bounds: Bounds, specs: Sequence[RequestSpec], *,
                    warmup_specs: Sequence[RequestSpec] = (), seed: int = 0,
-                   observer: Observer | None = None, timeout_s: float = 600.0) -> RunResult:
+                   observer: Observer | None = None, timeout_s: float = 600.0,
+                   start_gate: Callable[[], None] | None = None) -> RunResult:
+    """`start_gate`, if given, is called (in a thread) after the warm-up and before the clock
+    starts: worker processes block there until all of them are warm (loadtest/workers.py)."""
     if not specs:
         raise ValueError("empty workload")
     obs = observer or _NoObserver()
     async with make_client(timeout_s) as client:
         if warmup_specs:
             await _warm_up(client, endpoint, warmup_specs, load)
+        if start_gate is not None:
+            await asyncio.to_thread(start_gate)
         clock_zero = time.perf_counter()
         records: list[RequestRecord] = []
         if load.kind == "concurrency":
@@ -84,7 +91,7 @@ async def run_load(endpoint: Endpoint, load: Load, bounds: Bounds, specs: Sequen
             await _open_loop(client, endpoint, load, bounds, specs, records, obs, clock_zero, seed)
     records.sort(key=lambda r: r.index)
     ends = [r.sent_s + (r.latency_s or 0.0) for r in records]
-    return RunResult(load=load, duration_s=max(ends, default=0.0), records=records)
+    return RunResult(load=load, duration_s=max(ends, default=0.0), records=records, started_at=clock_zero)
 
 
 async def _warm_up(client: httpx.AsyncClient, endpoint: Endpoint, specs: Sequence[RequestSpec], load: Load) -> None:
