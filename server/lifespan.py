@@ -29,6 +29,7 @@ from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.http_protocol import uvicorn_http_options
+from server.process_group import isolate_engine_processes
 from server.profile_checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
@@ -252,6 +253,7 @@ class Gateway:
 
     async def run(self) -> int:
         become_subreaper()
+        isolate_engine_processes()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig)

@@ -66,11 +66,17 @@ def test_poisson_rate_run_sends_on_schedule(fake_server: ServerFactory) -> None:
     lags = sorted(r.send_lag_s for r in result.records)
     assert lags[0] >= -1e-6  # never early
     assert statistics.median(lags) < 0.005  # the client is not the bottleneck
-    sent = sorted(r.sent_s for r in result.records)
-    gaps = [b - a for a, b in zip(sent, sent[1:])]
+    # The Poisson shape is the schedule's (seed 0, so it is the same every run); the client's part
+    # is to keep to it. The shape of the actual send gaps is not asserted: one scheduler hiccup on a
+    # busy CI machine turns a few gaps into one long one and a burst, and the test would measure
+    # the machine, not the client.
+    scheduled = sorted(r.scheduled_s for r in result.records)
+    gaps = [b - a for a, b in zip(scheduled, scheduled[1:])]
     # 120 exponential gaps: the mean is within ~3 standard errors (1/sqrt(119) ~ 9%) of 1/rate.
     assert statistics.fmean(gaps) == pytest.approx(1 / rate, rel=0.3)
     assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, abs=0.35)
+    sent = sorted(r.sent_s for r in result.records)
+    assert sent[-1] - sent[0] == pytest.approx(scheduled[-1] - scheduled[0], rel=0.3)
 
 
 def test_errors_and_disconnects_are_counted_not_fatal(fake_server: ServerFactory) -> None:
