@@ -156,8 +156,20 @@ def start_server(name: str, cmd: list[str], log_path: Path, port: int, env: dict
     return Server(name, proc, port, log_path)
 
 
+def _descendants(pid: int) -> list[Any]:
+    import psutil  # vLLM's dependency: present wherever a server runs
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the process group (the server and its engine processes), then SIGKILL what is left."""
+    """SIGTERM the process group (the server and its engine processes), then SIGKILL what is left.
+    The gateway's engine processes lead their own group (server/process_group.py), so they are
+    listed first and killed by pid if the gateway's ordered stop did not end them."""
+    engine = _descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
@@ -174,6 +186,11 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+    for child in engine:
+        try:
+            child.kill()  # psutil checks the pid still names the same process
+        except Exception:  # noqa: BLE001  (already gone)
+            pass
     wait_group_gone(proc.pid)
 
 
