@@ -55,10 +55,10 @@ class MetricsMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 scope["state"]["status"] = status  # for inner middleware that count once the app is done
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + [
-                    (b"x-request-id", request_id.encode("latin-1", "replace"))
-                ]
+                # Inner middleware leave theirs in the state (the tenant's x-ratelimit-*), which
+                # spares every streamed chunk a send wrapper of their own.
+                message["headers"] = [*message.get("headers", ()), *scope["state"].get("response_headers", ()),
+                                      (b"x-request-id", request_id.encode("latin-1", "replace"))]
             await send(message)
 
         if measured:

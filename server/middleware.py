@@ -371,8 +371,9 @@ class TenantLimitMiddleware:
                    tenant: Tenant, decision: Decision | None) -> None:
         ended = False
         if decision is not None:
-            extra = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
-            cut = self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None
+            # MetricsMiddleware (outermost) adds them to the response's start.
+            state["response_headers"] = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
+        if decision is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
             downstream, streaming = send, False
 
             async def send_limited(message: Message) -> None:
@@ -380,9 +381,8 @@ class TenantLimitMiddleware:
                 if ended:  # the app's next step after the end this middleware sent: stop it
                     raise _StreamEnded()
                 if message["type"] == "http.response.start":
-                    message["headers"] = list(message.get("headers", [])) + extra
-                    streaming = cut and any(k == b"content-type" and v.startswith(b"text/event-stream")
-                                            for k, v in message["headers"])
+                    streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                    for k, v in message.get("headers", ()))
                 elif streaming and message.get("more_body") and self._over_budget(state, decision):
                     end = sse_error_event(budget_spent(tenant, decision.budget_used, decision.period,
                                                        self.tenancy.clock())) + "data: [DONE]\n\n"
