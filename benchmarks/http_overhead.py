@@ -63,14 +63,21 @@ def seed_for(base: int, concurrency: int) -> int:
     return base + 1000 * concurrency
 
 
+def client_workers(concurrency: int, workers: int) -> int:
+    """loadtest processes for one run: as asked, but never more than the requests in flight."""
+    return max(1, min(workers, concurrency))
+
+
 def loadtest_cmd(base_url: str, model: str, concurrency: int, requests: int, warmup: int,
-                 input_tokens: int, output_tokens: int, vocab_size: int, seed: int, out: Path) -> list[str]:
+                 input_tokens: int, output_tokens: int, vocab_size: int, seed: int, out: Path,
+                 workers: int = 1) -> list[str]:
     """The one loadtest command both HTTP servers get (only --base-url and --out differ)."""
     return [sys.executable, "-m", "loadtest", "run", "--base-url", base_url, "--model", model,
             "--concurrency", str(concurrency), "-n", str(requests), "--warmup", str(warmup),
             "--input-len", str(input_tokens), "--output-len", str(output_tokens),
             "--vocab-size", str(vocab_size), "--ignore-eos", "--temperature", "0",
-            "--seed", str(seed), "--timeout", "600", "--no-progress", "--out", str(out)]
+            "--seed", str(seed), "--timeout", "600", "--no-progress", "--out", str(out),
+            "--workers", str(client_workers(concurrency, workers))]
 
 
 def vllm_serve_cmd(kwargs: dict[str, Any], port: int) -> list[str]:
@@ -337,7 +344,8 @@ def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workd
             n = requests_for(c, a.requests)
             raw = workdir / f"{way}-c{c}.json"
             cmd_lt = loadtest_cmd(server.base_url, settings.served_model_name, c, n, c, a.input_tokens,
-                                  a.output_tokens, a.vocab_size, seed_for(a.seed, c), raw)
+                                  a.output_tokens, a.vocab_size, seed_for(a.seed, c), raw,
+                                  workers=a.loadtest_workers)
             with (workdir / f"{way}-loadtest.log").open("a") as lf:
                 lf.write(f"\n==== {' '.join(cmd_lt)}\n")
                 lf.flush()
@@ -356,6 +364,7 @@ def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workd
             shown[shown.index("--out") + 1] = "$RAW.json"
             shown[0] = "python"
             rec = result_line(way, c, summary, requests=n, warmup=c, engine_start_s=round(start_s, 1),
+                              loadtest_workers=client_workers(c, a.loadtest_workers),
                               loadtest_cmd=" ".join(shown), raw=raw.name, **meta)
             benchlib.append_jsonl(a.out, rec)
             print(f"[{way}] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
@@ -406,6 +415,9 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--vocab-size", type=int, default=None, help="prompt ids in [0, N) (default: the model's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loadtest-workers", type=int, default=1,
+                    help="loadtest client processes per HTTP run (loadtest --workers; capped at the "
+                         "concurrency): one Python client is itself the bottleneck at c = 256")
     ap.add_argument("--run-id", default=None, help="tag of this run's lines (several invocations, e.g. one "
                     "way each, can share one; --doc collects the lines with this tag)")
     ap.add_argument("--label", default=None, help="free text stored in every line (e.g. 'CPU smoke')")
