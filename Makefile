@@ -31,7 +31,8 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS ?= tests/integration/test_completions.py tests/integration/test_chat.py \
 	tests/integration/test_vllm_parity.py tests/integration/test_reload.py \
 	tests/integration/test_reliability.py tests/integration/test_lifecycle.py \
-	tests/integration/test_engine_compat.py tests/integration/test_stall.py
+	tests/integration/test_engine_compat.py tests/integration/test_stall.py \
+	tests/integration/test_reload_in_place.py
 
 .PHONY: serve test test-slow test-compat install model check-config clean help
 

@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""Reload under load (issue 9, part 3): time `drain-swap` and `blue-green` reloads of the gateway
-while a steady closed-loop load runs, count failed requests (goal: zero) and the longest wait a
-request saw.
+"""Reload under load (issue 9 part 3, issue 15): time `in-place`, `drain-swap` and `blue-green`
+reloads of the gateway while a steady closed-loop load runs, count failed requests (goal: zero),
+the generation pause (in-place) and the longest wait a request saw.
+
+With `in-place` among the strategies the gateway serves real weights from disk, in two versions:
+on the GPU two random checkpoints in Gemma 4 E2B's layout (random_weights.py, seeds 1 and 2), on
+the CPU the embedded model and its `--second-version`. Before the load starts, a correctness check
+without load: the greedy answer of the fresh engine on version 1, an in-place swap to version 2
+and its answer (must differ), an in-place swap back and its answer (must equal the fresh one).
+Under load, an in-place reload swaps to the other version; the other strategies restart the
+engine on the version serving (so a later greedy answer on a fresh engine can be compared too).
 
 The gateway starts from one effective profile (--config plus overrides, written to
 WORKDIR/profile.yaml; on the GPU `engine.gpu_memory_utilization` 0.45 so two engines fit for
@@ -9,8 +17,9 @@ blue-green, the dummy-weight Gemma 4 E2B with the synthetic tokenizer of synth_t
 `--concurrency` workers send streaming /v1/completions requests back to back (token-id prompts,
 fixed output length, loadtest's own request code: loadtest.client.send_request) from before the
 first reload until `--settle-s` after the last. Each reload is `POST /admin/reload` with body
-`{"reload": {"strategy": S}}` (same profile, so the engine restarts with identical settings); its
-answer carries the server's duration, queued / aborted counts and longest queue wait.
+`{"reload": {"strategy": S}, "engine": {"model": M}}` (same profile; M the other version for
+in-place, the serving one otherwise); its answer carries the server's duration, queued / aborted
+counts, longest queue wait and, for in-place, the pause and the requests kept.
 
 One JSON line per reload (server and client view: duration, requests in flight or sent during
 the reload, failed, max TTFT and max E2E among them, against the baseline before the first
@@ -40,6 +49,8 @@ import benchlib  # noqa: E402
 from benchlib import ROOT  # noqa: E402
 
 STRATEGIES = ("drain-swap", "blue-green")
+PROBE = {"prompt": [(i * 7919) % 4093 + 10 for i in range(64)], "max_tokens": 32, "temperature": 0,
+         "ignore_eos": True}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -85,19 +96,25 @@ def baseline_stats(reqs: list[dict[str, Any]], before: float) -> dict[str, Any]:
 
 def table(recs: list[dict[str, Any]]) -> str:
     f = benchlib.fmt_num
-    lines = ["| strategy | outcome | reload (server) s | reload (client) s | requests in window | failed | "
-             "queued / aborted | max queue wait s | max TTFT ms | max E2E ms | baseline p50 / max TTFT ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| strategy | outcome | reload (server) s | generation paused s | reload (client) s | requests in window | "
+             "failed | queued / aborted / kept | max queue wait s | max TTFT ms | max E2E ms | baseline p50 / max TTFT ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in recs:
         if r.get("bench") != "gpu_reload" or r.get("kind") != "reload":
             continue
         srv, win, base = r.get("server") or {}, r.get("window") or {}, r.get("baseline") or {}
         lines.append(
             f"| {r['strategy']} | {srv.get('outcome', r.get('http_status'))} | {f(srv.get('duration_s'))} | "
-            f"{f(r.get('client_duration_s'))} | {win.get('requests', '-')} | {win.get('failed', '-')} | "
-            f"{srv.get('queued', '-')} / {srv.get('aborted', '-')} | {f(srv.get('max_queue_wait_s'))} | "
+            f"{f(srv.get('pause_s'))} | {f(r.get('client_duration_s'))} | {win.get('requests', '-')} | "
+            f"{win.get('failed', '-')} | {srv.get('queued', '-')} / {srv.get('aborted', '-')} / {srv.get('kept', '-')} | "
+            f"{f(srv.get('max_queue_wait_s'))} | "
             f"{f(win.get('max_ttft_ms'))} | {f(win.get('max_e2e_ms'))} | "
             f"{f(base.get('p50_ttft_ms'))} / {f(base.get('max_ttft_ms'))} |")
+    for r in recs:
+        if r.get("bench") == "gpu_reload" and r.get("kind") == "correctness":
+            lines.append("")
+            lines.append(f"Greedy answers ({r['check']}): {'equal' if r['equal'] else 'DIFFERENT'} "
+                         f"({r['detail']}).")
     for r in recs:
         if r.get("bench") == "gpu_reload" and r.get("kind") == "run":
             lines.append("")
@@ -108,8 +125,52 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------- run
+async def post_reload(admin: Any, base_url: str, strategy: str, model_path: str | None,
+                      timeout: float) -> tuple[int | None, dict[str, Any]]:
+    import httpx
+
+    body: dict[str, Any] = {"reload": {"strategy": strategy}}
+    if model_path:
+        body["engine"] = {"model": model_path}
+    try:
+        resp = await admin.post(base_url + "/admin/reload", json=body, timeout=timeout)
+        return resp.status_code, resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, {"error": repr(exc)}
+
+
+async def greedy(admin: Any, base_url: str, model: str) -> str:
+    resp = await admin.post(base_url + "/v1/completions", json={"model": model, **PROBE}, timeout=120)
+    resp.raise_for_status()
+    return str(resp.json()["choices"][0]["text"])
+
+
+def correctness(check: str, equal: bool, detail: str, common: dict[str, Any]) -> dict[str, Any]:
+    print(f"[check] {check}: {'equal' if equal else 'DIFFERENT'} ({detail})", flush=True)
+    return {"bench": "gpu_reload", "kind": "correctness", "check": check, "equal": equal, "detail": detail,
+            "time": benchlib.now_utc(), **common}
+
+
+async def check_in_place(admin: Any, base_url: str, model: str, versions: list[str], out: Path,
+                         a: argparse.Namespace, common: dict[str, Any]) -> str:
+    """Without load: fresh v1 answer, in-place to v2 (must differ), back to v1 (must be equal).
+    Returns the answer on version 2 after the in-place swap."""
+    fresh_v1 = await greedy(admin, base_url, model)
+    answers, pauses = [], []
+    for target in (versions[1], versions[0]):
+        status, body = await post_reload(admin, base_url, "in-place", target, a.reload_timeout_s)
+        if status != 200:
+            raise RuntimeError(f"in-place reload to {target} failed: HTTP {status} {json.dumps(body)[:600]}")
+        pauses.append(body.get("pause_s"))
+        answers.append(await greedy(admin, base_url, model))
+    benchlib.append_jsonl(out, correctness(
+        "fresh engine on v1 vs in-place v1 -> v2 -> v1", answers[1] == fresh_v1,
+        f"v2 answer differs from v1: {answers[0] != fresh_v1}; pauses without load {pauses} s", common))
+    return answers[0]
+
+
 async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_end: float,
-                common: dict[str, Any]) -> None:
+                common: dict[str, Any], versions: list[str] | None = None) -> None:
     import httpx
 
     from loadtest.client import Endpoint, send_request
@@ -143,6 +204,11 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
 
     async with make_client(a.request_timeout_s) as client, \
             httpx.AsyncClient(timeout=httpx.Timeout(a.reload_timeout_s, connect=10)) as admin:
+        in_place_v2 = None
+        if versions:
+            in_place_v2 = await check_in_place(admin, base_url, model, versions, out, a, common)
+        current = versions[0] if versions else None
+        restarted_on_v2 = False
         workers = [asyncio.create_task(worker(client)) for _ in range(a.concurrency)]
         await asyncio.sleep(a.baseline_s)
         first_reload_at = now()
@@ -153,13 +219,15 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
                 continue
             t0 = now()
             print(f"[reload] {strategy} at t={t0:.1f}s, {len(records)} requests done so far", flush=True)
-            try:
-                resp = await admin.post(base_url + "/admin/reload", json={"reload": {"strategy": strategy}},
-                                        timeout=max(5.0, min(a.reload_timeout_s, t_end - time.monotonic())))
-                status, body = resp.status_code, resp.json()
-            except (httpx.HTTPError, ValueError) as exc:
-                status, body = None, {"error": repr(exc)}
+            target = current
+            if strategy == "in-place" and versions:
+                target = versions[1] if current == versions[0] else versions[0]
+            status, body = await post_reload(admin, base_url, strategy, target,
+                                             max(5.0, min(a.reload_timeout_s, t_end - time.monotonic())))
             t1 = now()
+            if status == 200:
+                current = target
+                restarted_on_v2 = bool(versions) and strategy != "in-place" and current == versions[1]
             server = body if status == 200 else (body.get("reload") or {"error": body.get("error", body)})
             print(f"[reload] {strategy}: HTTP {status} after {t1 - t0:.1f}s: {json.dumps(server)[:400]}", flush=True)
             await asyncio.sleep(min(a.settle_s, max(0.0, t_end - time.monotonic() - 5)))
@@ -175,6 +243,10 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
         done, pending = await asyncio.wait(workers, timeout=max(5.0, t_end - time.monotonic()))
         for task in pending:
             task.cancel()
+        if versions and restarted_on_v2 and in_place_v2 is not None:
+            fresh_v2 = await greedy(admin, base_url, model)
+            benchlib.append_jsonl(out, correctness("in-place swap to v2 vs an engine restarted on v2",
+                                                   fresh_v2 == in_place_v2, "no load during either answer", common))
     reqs = as_dicts()
     ok = [r for r in reqs if r["ok"]]
     errors: dict[str, int] = {}
@@ -191,11 +263,26 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
         a.requests_out.write_text(json.dumps(reqs) + "\n")
 
 
+def weight_versions(gpu: bool, workdir: Path, synth: Path | None) -> list[str]:
+    """Two versions of one model on disk: random E2B checkpoints (GPU) or the embedded model's two."""
+    if gpu:
+        import random_weights
+
+        assert synth is not None
+        return [str(random_weights.write(workdir / f"weights-v{seed}", synth, seed)) for seed in (1, 2)]
+    from server.model_prep import write_second_version
+    from server.settings import embedded_model_dir
+
+    state = ROOT / ".state"
+    return [str(embedded_model_dir(state).resolve()), str(write_second_version(state).resolve())]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benchlib.add_profile_args(ap, "profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 "
                               "on gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--strategies", default=",".join(STRATEGIES),
+                    help="in order, comma-separated: drain-swap, blue-green, in-place")
     ap.add_argument("--concurrency", type=int, default=None, help="closed-loop workers (default 32 gpu, 2 cpu)")
     ap.add_argument("--input-tokens", type=int, default=None, help="default 512 gpu, 64 cpu")
     ap.add_argument("--output-tokens", type=int, default=None, help="default 256 gpu, 16 cpu")
@@ -238,6 +325,10 @@ def main() -> None:
                 else {"engine": {"kv_cache_memory_bytes": 268435456}})
     overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), defaults),
                                     benchlib.parse_set(a.set))
+    versions = None
+    if "in-place" in a.strategies.split(","):
+        versions = weight_versions(gpu, workdir, synth)
+        overrides = benchlib.deep_merge(overrides, {"engine": {"model": versions[0], "load_format": "auto"}})
     settings = benchlib.effective_settings(config, overrides)
     profile = benchlib.write_settings(settings, workdir / "profile.yaml")
     if a.vocab_size is None:
@@ -262,7 +353,7 @@ def main() -> None:
         start_s = server.wait_ready("/ready", max(1.0, t_end - time.monotonic() - a.min_left_s / 2))
         print(f"[gateway] ready in {start_s:.1f}s", flush=True)
         common["gateway_start_s"] = round(start_s, 1)
-        asyncio.run(drive(a, server.base_url, settings.served_model_name, a.out, t_end, common))
+        asyncio.run(drive(a, server.base_url, settings.served_model_name, a.out, t_end, common, versions))
     except (RuntimeError, TimeoutError) as exc:
         print(f"[gateway] failed: {str(exc)[:3000]}", flush=True)
     finally:

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from server.settings import (
     EMBEDDED_MODEL,
+    EMBEDDED_MODEL_DIRNAME,
     ConfigFileError,
     Settings,
     deep_merge,
@@ -117,9 +118,11 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
     if args.if_needed and settings.engine.model != EMBEDDED_MODEL:
         print(f"[prepare-model] profile uses {settings.engine.model}; nothing to prepare")
         return 0
-    from server.model_prep import prepare_embedded_model
+    from server.model_prep import prepare_embedded_model, write_second_version
 
     prepare_embedded_model(settings.server.state_dir, force=args.force)
+    if args.second_version:
+        write_second_version(settings.server.state_dir, force=args.force)
     return 0
 
 
@@ -215,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--force", action="store_true", help="convert again even if verified")
     prep.add_argument("--if-needed", action="store_true",
                       help="do nothing unless the profile uses the embedded model")
+    prep.add_argument("--second-version", action="store_true",
+                      help="also write a second version of the embedded model (same architecture and "
+                           "tokenizer, deterministically perturbed weights) to <state_dir>/models/"
+                           f"{EMBEDDED_MODEL_DIRNAME}-v2, for trying an in-place reload")
     prep.set_defaults(func=cmd_prepare_model)
 
     check = sub.add_parser("check-config", help="validate a profile and print the effective settings")

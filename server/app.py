@@ -91,6 +91,9 @@ def access_line(scope: Scope, request_id: str, path: str, status: int, duration:
             parts.append(f"ttft_ms={(stats.first_token_at - started) * 1000:.1f}")
         parts.append(f"finish={','.join(sorted(set(stats.finish_reasons))) or '-'}")
         parts.append(f"completed={str(stats.completed).lower()}")
+        holder = getattr(getattr(scope.get("app"), "state", None), "holder", None)
+        if holder is not None and holder.weights is not None:  # which version answered (in-place reloads)
+            parts.append(f"weights={holder.weights.fingerprint}")
     parts.append(f"duration_ms={duration * 1000:.1f}")
     return " ".join(parts)
 

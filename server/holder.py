@@ -10,8 +10,12 @@ Reload strategies:
   to the new engine. Overflow or a too-long wait gets 503 + Retry-After.
 - `blue-green`: the new engine starts beside the old one, which keeps serving; once it is ready
   new requests switch to it, and the old one drains and stops. No request waits on a start-up.
+- `in-place`: only the weights change (`server.weights` says what that means, checked before
+  anything pauses). New requests wait in the reload queue while the running engine pauses, loads
+  the new safetensors and resumes (`server.in_place`); in-flight requests are kept
+  (`in_place_mode: keep`) or finish first on the old weights (`finish-old`).
 If the new engine fails to start, the previous configuration is restored (drain-swap starts the
-old profile again; blue-green never stopped it).
+old profile again; blue-green never stopped it; in-place loads the previous weights again).
 """
 
 from __future__ import annotations
@@ -26,8 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.engine import Engine, release_freed_memory
-from server.errors import ConflictError, EngineDeadError, OverloadedError, ServiceUnavailableError
+from server.errors import (
+    ConflictError,
+    EngineDeadError,
+    InvalidRequestError,
+    OverloadedError,
+    ServiceUnavailableError,
+)
+from server.in_place import RollbackFailed, swap_weights
 from server.settings import ReloadSettings, Settings
+from server.weights import ModelFiles, in_place_refusal, local_model_files
 
 logger = logging.getLogger("llm_gateway.holder")
 
@@ -55,6 +67,9 @@ class ReloadResult:
     error: str | None = None
     finished_at: float = field(default_factory=time.time)
     engine_reloaded: bool = True  # False: the profile was unchanged and only the keys file was re-read
+    pause_s: float | None = None  # in-place: generation paused, from pause to resume
+    kept: int = 0  # in-place `keep`: requests in flight across the swap
+    weights: dict[str, str] | None = None  # the weights serving afterwards: path, fingerprint
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -119,6 +134,7 @@ class EngineHolder:
         self._starts_abandoned = 0
         self._closing = asyncio.Event()  # set once shutdown began: no engine may start serving after it
         self.stall_reason: str | None = None  # why the engine counts as stalled now
+        self.weights: ModelFiles | None = None  # the serving model's files (None: dummy or a hub id)
         self._state_listeners: list[Callable[[EngineState], None]] = []
         self._reload_listeners: list[Callable[[ReloadResult], None]] = []
 
@@ -181,6 +197,7 @@ class EngineHolder:
             "profile": self.settings.summary(),
             "start_error": repr(self.start_error) if self.start_error else None,
             "stall": self.stall_reason,
+            "weights": self.weights.identity() if self.weights else None,
             "last_reload": self.last_reload.as_dict() if self.last_reload else None,
         }
 
@@ -213,6 +230,7 @@ class EngineHolder:
             return
         self._slot = _Slot(engine, self.settings)
         self.started_at = time.time()
+        self.weights = await asyncio.to_thread(local_model_files, self.settings)
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
         self._set_state(EngineState.SERVING)
 
@@ -369,7 +387,9 @@ class EngineHolder:
             self._max_wait = 0.0
             t0 = time.monotonic()
             logger.info("reload (%s) to %s", strategy, new_settings.summary())
-            if strategy == "blue-green":
+            if strategy == "in-place":
+                result = await self._in_place(new_settings, t0)
+            elif strategy == "blue-green":
                 result = await self._blue_green(new_settings, t0)
             else:
                 result = await self._drain_swap(new_settings, t0)
@@ -377,10 +397,15 @@ class EngineHolder:
                 self._max_wait = max(self._max_wait, time.monotonic() - min(self._queue_arrivals))
             result.queued = self._queued_total
             result.max_queue_wait_s = round(self._max_wait, 3)
+            result.weights = self.weights.identity() if self.weights else None
             self.last_reload = result
             logger.info("reload finished: %s", result.as_dict())
-            # The old engine's objects are unreachable only now that its slot is gone.
-            await asyncio.to_thread(release_freed_memory)
+            # The old engine's objects are unreachable only now that its slot is gone. Not once
+            # shutdown began: the process is about to exit, and a collection in the executor's
+            # thread can run vLLM finalizers that race the abandoned engine start (a 0.26 CI run
+            # answered the reload 500 and took over 60 s to exit after SIGTERM).
+            if not self.closing:
+                await asyncio.to_thread(release_freed_memory)
             for listener in self._reload_listeners:
                 listener(result)
             return result
@@ -452,6 +477,7 @@ class EngineHolder:
             return ReloadResult("rolled_back", "drain-swap", time.monotonic() - t0, aborted=aborted, error=str(exc))
         self._slot = _Slot(engine, new_settings)
         self.settings = new_settings
+        self.weights = await asyncio.to_thread(local_model_files, new_settings)
         self._set_state(EngineState.SERVING)
         return ReloadResult("success", "drain-swap", time.monotonic() - t0, aborted=aborted)
 
@@ -467,5 +493,44 @@ class EngineHolder:
             return ReloadResult("rolled_back", "blue-green", time.monotonic() - t0, error=str(exc))
         self._slot = _Slot(engine, new_settings)  # new requests go to the new engine from here
         self.settings = new_settings
+        self.weights = await asyncio.to_thread(local_model_files, new_settings)
         aborted = await self._retire(old, new_settings.reload.drain_timeout_s)
         return ReloadResult("success", "blue-green", time.monotonic() - t0, aborted=aborted)
+
+    async def _in_place(self, new_settings: Settings, t0: float) -> ReloadResult:
+        slot = self._slot
+        assert slot is not None
+        refusal, candidate = await asyncio.to_thread(in_place_refusal, slot.settings, self.weights, new_settings)
+        if refusal:
+            raise InvalidRequestError(refusal, param="engine.model")
+        assert candidate is not None
+        self._set_state(EngineState.RELOADING)  # new requests queue from here on
+        aborted = 0
+        if new_settings.reload.in_place_mode == "finish-old":
+            if not await slot.wait_idle(new_settings.reload.drain_timeout_s):
+                aborted = await slot.engine.abort_all(
+                    "the weights were replaced by a reload and this request outlived the drain timeout")
+                logger.warning("in-place reload drain timeout: aborted %d request(s)", aborted)
+                await slot.wait_idle(5.0)
+            if self.closing:
+                return self._abandoned("in-place", t0, aborted)
+        kept = slot.in_flight
+        old_path = slot.settings.model_path()
+        try:
+            swap = await swap_weights(slot.engine, str(candidate.path), old_path)
+        except RollbackFailed as exc:
+            logger.error("in-place reload: %s; stopping the engine", exc)
+            await slot.shutdown()
+            self.start_error = exc
+            self._set_state(EngineState.DEAD)
+            return ReloadResult("failure", "in-place", time.monotonic() - t0, aborted=aborted, error=str(exc))
+        if swap.outcome == "success":
+            slot.settings = self.settings = new_settings
+            self.weights = candidate
+        logger.info("in-place reload %s: generation paused %.3f s (weights loaded in %.3f s), %d request(s) "
+                    "kept, weights %s", swap.outcome, swap.pause_s, swap.load_s, kept,
+                    self.weights.identity() if self.weights else None)
+        self._set_state(EngineState.DRAINING if self.closing else EngineState.SERVING)
+        return ReloadResult(swap.outcome, "in-place", time.monotonic() - t0, aborted=aborted, error=swap.error,
+                            pause_s=round(swap.pause_s, 3), kept=kept)
+

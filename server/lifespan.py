@@ -33,6 +33,7 @@ from server.process_group import isolate_engine_processes
 from server.profile_checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
+from server.weights import ModelFiles
 from server.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
 
 logger = logging.getLogger("llm_gateway")
@@ -103,7 +104,8 @@ class Gateway:
         engine = self.holder.engine
         if engine is None:  # a stop signal arrived while it started; the holder stopped it
             return
-        self.app.state.metrics.set_profile(profile_labels(self.settings, engine.info.vllm_version))
+        labels = profile_labels(self.settings, engine.info.vllm_version, self.holder.weights)
+        self.app.state.metrics.set_profile(labels)
         where = f"http://{self.settings.server.host}:{self.bound_port()}"
         logger.info("serving %s on %s", self.settings.served_model_name, where)
         self.notifier.ready(f"serving {self.settings.served_model_name} on {where}")
@@ -215,7 +217,8 @@ class Gateway:
             self.config_path = path
             self.settings = new_settings
             self.stall_watch.configure(new_settings)
-            self.app.state.metrics.set_profile(profile_labels(new_settings, self.holder.engine.info.vllm_version))
+            self.app.state.metrics.set_profile(
+                profile_labels(new_settings, self.holder.engine.info.vllm_version, self.holder.weights))
         return result
 
     def _on_sighup(self) -> None:
@@ -368,9 +371,11 @@ def engine_part(settings: Settings) -> dict[str, Any]:
     return settings.model_dump(include={"engine", "reload", "limits"})
 
 
-def profile_labels(settings: Settings, vllm_version: str) -> dict[str, str]:
+def profile_labels(settings: Settings, vllm_version: str, weights: ModelFiles | None = None) -> dict[str, str]:
     p = settings.engine
     return {
+        "weights_path": str(weights.path) if weights else "",
+        "weights_fingerprint": weights.fingerprint if weights else "",
         "model": settings.served_model_name,
         "vllm_version": vllm_version,
         "kv_sharing_fast_prefill": str(p.kv_sharing_fast_prefill).lower(),

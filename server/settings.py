@@ -160,9 +160,19 @@ class ReloadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    strategy: Literal["drain-swap", "blue-green"] = "drain-swap"
-    """`drain-swap` (one engine fits: requests queue while the engine restarts) or `blue-green`
-    (two engines fit: the new one starts beside the old, no request waits)."""
+    strategy: Literal["drain-swap", "blue-green", "in-place"] = "drain-swap"
+    """`drain-swap` (one engine fits: requests queue while the engine restarts), `blue-green`
+    (two engines fit: the new one starts beside the old, no request waits) or `in-place` (only
+    the weights change: the running engine pauses, loads the new `engine.model` directory's
+    safetensors, and resumes; seconds, no engine start). In-place refuses any other change."""
+
+    in_place_mode: Literal["keep", "finish-old"] = "keep"
+    """What an in-place reload does with requests in flight. `keep`: they pause and resume, and
+    their later tokens come from the new weights (their earlier tokens are recomputed with the
+    new weights, since the pause clears the KV cache); the pause is short whatever runs. `finish-
+    old`: new requests wait in the reload queue while the in-flight ones finish on the old weights
+    (up to `drain_timeout_s`), then the swap; every answer comes from one version, and the wait
+    is as long as the longest request in flight."""
 
     drain_timeout_s: float = Field(30.0, ge=0)
     """How long the old engine's requests may run on; the rest are aborted with a clear error."""

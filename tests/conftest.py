@@ -184,6 +184,13 @@ def start_gateway(
     return server
 
 
+def start_gateway_with_own_config(tmp_dir: Path) -> tuple[ServerProcess, Path]:
+    """A gateway on a private copy of the CPU profile, which the test may edit (then SIGHUP)."""
+    config = tmp_dir / "profile.yaml"
+    shutil.copy(CONFIG, config)
+    return start_gateway(tmp_dir, config=config), config
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     if not (MODEL_DIR / "config.json").is_file():

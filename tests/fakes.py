@@ -29,6 +29,10 @@ class FakeEngine:
     stalled: bool = False  # True: generation waits without output (a stopped engine core)
     last_output_at: float = 0.0
     busy_since: float = 0.0
+    paused: bool = False
+    weights_loaded: list[str] = field(default_factory=list)  # paths, in order
+    fail_weights: set[str] = field(default_factory=set)  # paths whose reload raises
+    reload_delay_s: float = 0.0
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -53,7 +57,7 @@ class FakeEngine:
         try:
             n = sampling.max_tokens
             for i in range(n):
-                while self.stalled and self.abort_message is None:
+                while (self.stalled or self.paused) and self.abort_message is None:
                     await asyncio.sleep(0.01)
                 if self.abort_message is not None:
                     raise ServiceUnavailableError(self.abort_message)
@@ -94,6 +98,19 @@ class FakeEngine:
 
     async def num_unfinished_requests(self) -> int:
         return self.running
+
+    async def pause_generation(self) -> None:
+        self.paused = True
+
+    async def reload_weights(self, weights_path: str) -> None:
+        assert self.paused, "weights reloaded while the engine was not paused"
+        await asyncio.sleep(self.reload_delay_s)
+        if weights_path in self.fail_weights:
+            raise RuntimeError(f"scripted weight reload failure: {weights_path}")
+        self.weights_loaded.append(weights_path)
+
+    async def resume_generation(self) -> None:
+        self.paused = False
 
     async def shutdown(self) -> None:
         self.closed = True

@@ -1,5 +1,9 @@
 #!/bin/bash
-# Issue 9 part 3 on one H200: drain-swap and blue-green reloads of the gateway under steady load.
+# Issues 9 (part 3) and 15 on one H200: in-place, drain-swap and blue-green reloads of the gateway under
+# steady load. In-place needs weights on disk: benchmarks/random_weights.py writes two random checkpoints
+# in Gemma 4 E2B's layout (~9.4 GiB each, bf16) under the work dir, and the gateway serves them
+# (load_format auto) instead of dummy weights; a greedy-answer check without load comes first
+# (benchmarks/gpu_reload.py says how).
 # Run from the repository root on the device machine, as one `run` call:
 #   run(command="bash benchmarks/gpu/part3.sh", carry=[".gpu/install.sh", ".gpu/pN"])
 # (the call with the last staged part, or any later call on the same warm machine). Profile:
@@ -10,15 +14,15 @@
 # Budget: gateway start + two engine starts: ~3.5 min with a warm compile cache (e.g. right after
 # part2.sh on the same machine), ~7 min cold on a fresh machine (then the second reload may be
 # skipped by the deadline: run it again as a second call).
-# Knobs: STRATEGIES (drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
+# Knobs: STRATEGIES (in-place,drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
 set -uo pipefail
 source benchmarks/gpu/device-env.sh
 work=/tmp/part3-work; mkdir -p "$work"
 python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
-  --strategies "${STRATEGIES:-drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
+  --strategies "${STRATEGIES:-in-place,drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
   --out "$OUT/part3.jsonl" --workdir "$work" --requests-out "$work/requests.json" \
-  --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic tokenizer, gpu_memory_utilization 0.45" \
+  --label "H200, vLLM 0.26.0, Gemma 4 E2B (random weights from disk with in-place, else dummy) + synthetic tokenizer, gpu_memory_utilization 0.45" \
   --doc "$OUT/part3.json" ${EXTRA:-} 2>&1 | tee "$OUT/part3.log"
 # One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
-tar czf "$OUT/part3-work.tar.gz" --exclude=gemma-4-e2b-synth -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
+tar czf "$OUT/part3-work.tar.gz" --exclude=gemma-4-e2b-synth --exclude='weights-v*' -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part3 done after $(( SECONDS - t0 ))s"

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from server.engine import compat
+from server.engine import compat, worker_extension
 from server.engine.runtime import engine_args_kwargs, prepare_engine_environment, run_abandonable
 from server.engine.types import (
     ChoiceOutput,
@@ -94,8 +94,9 @@ def _to_token_logprob(token_id: int, position: Any, limit: int) -> TokenLogprob:
 class VllmEngine:
     """`AsyncLLM` behind the `Engine` Protocol."""
 
-    def __init__(self, llm: Any, info: EngineInfo, tokenizer: Any, rpc_dir: Path):
+    def __init__(self, llm: Any, info: EngineInfo, tokenizer: Any, rpc_dir: Path, *, gateway_workers: bool = False):
         self._llm = llm
+        self._gateway_workers = gateway_workers  # the workers have GatewayWorkerExtension's methods
         self.info = info
         self._tokenizer = tokenizer
         self._rpc_dir = rpc_dir
@@ -124,6 +125,9 @@ class VllmEngine:
         check_parallelism(settings)
         rpc_dir = prepare_engine_environment(settings)
         kwargs = engine_args_kwargs(settings)
+        # The gateway's worker methods (in-place weight reloads); a profile that names its own
+        # extension keeps it, and in-place reloads then use vLLM's plain reload_weights.
+        kwargs.setdefault("worker_extension_cls", worker_extension.QUALNAME)
 
         def build() -> tuple[Any, str]:
             # Importing vLLM takes seconds: do it here, off the event loop.
@@ -172,7 +176,8 @@ class VllmEngine:
             llm.shutdown()
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
-        return cls(llm, info, tokenizer, rpc_dir)
+        return cls(llm, info, tokenizer, rpc_dir,
+                   gateway_workers=kwargs["worker_extension_cls"] == worker_extension.QUALNAME)
 
     # -- tokenizer -----------------------------------------------------------------------
 
@@ -335,6 +340,23 @@ class VllmEngine:
 
     async def num_unfinished_requests(self) -> int:
         return compat.num_unfinished_requests(self._llm)
+
+    async def pause_generation(self) -> None:
+        # vLLM 0.26 and 0.32 alike: mode "keep" freezes the running requests in the scheduler;
+        # clear_cache preempts them and resets the prefix cache, so nothing computed with the old
+        # weights is reused: the kept requests recompute their KV with the new weights on resume.
+        await self._llm.pause_generation(mode="keep", clear_cache=True)
+
+    async def reload_weights(self, weights_path: str) -> None:
+        # vLLM 0.26 and 0.32 alike: every worker's model runner loads the checkpoint at
+        # `weights_path` into the existing parameters (the model config now points there);
+        # the gateway's worker method adds the CPU backend's fix (server.engine.worker_extension).
+        method = "gateway_reload_weights" if self._gateway_workers else "reload_weights"
+        await self._llm.collective_rpc(method, kwargs={"weights_path": weights_path})
+        self.info = dataclasses.replace(self.info, model_path=weights_path)
+
+    async def resume_generation(self) -> None:
+        await self._llm.resume_generation()
 
     async def shutdown(self) -> None:
         if self._closed:

@@ -140,8 +140,13 @@ def test_reload_table() -> None:
             {"bench": "http_overhead", "way": "gateway"}]
     text = gpu_reload.table(recs)
     row = [ln for ln in text.splitlines() if ln.startswith("| blue-green")][0]
-    assert "| success | 61.2 | 61.3 | 100 | 0 | 0 / 0 |" in row
+    assert "| success | 61.2 | - | 61.3 | 100 | 0 | 0 / 0 / - |" in row
     assert "Whole run (t): 500 requests, 0 failed" in text
+    in_place = {**recs[0], "strategy": "in-place", "server": {**recs[0]["server"], "pause_s": 0.84, "kept": 32}}
+    check = {"bench": "gpu_reload", "kind": "correctness", "check": "c", "equal": True, "detail": "d"}
+    text = gpu_reload.table([in_place, check])
+    assert "| in-place | success | 61.2 | 0.84 | 61.3 | 100 | 0 | 0 / 0 / 32 |" in text
+    assert "Greedy answers (c): equal (d)." in text
 
 
 def test_synthetic_tokenizer(tmp_path: Path) -> None:

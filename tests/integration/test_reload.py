@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import threading
 import time
@@ -15,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import CONFIG, ROOT, ServerProcess, start_gateway
+from tests.conftest import CONFIG, ROOT, ServerProcess, start_gateway, start_gateway_with_own_config
 
 LOAD_CLIENTS = 8
 
@@ -82,10 +81,7 @@ class Load:
 
 @pytest.fixture(scope="module")
 def reloadable(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
-    tmp = tmp_path_factory.mktemp("reload")
-    config = tmp / "profile.yaml"
-    shutil.copy(CONFIG, config)
-    server = start_gateway(tmp, config=config)
+    server, config = start_gateway_with_own_config(tmp_path_factory.mktemp("reload"))
     yield server, config
     assert server.stop() == 0
 
