@@ -58,6 +58,14 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def gpu_model_dir(default: Path) -> Path:
+    """Where the GPU tools put the synthetic Gemma 4 E2B directory: `GPU_MODEL_DIR` (set by
+    benchmarks/gpu/device-env.sh), else `default`. vLLM's compile cache is keyed by the model
+    path (not the load format or memory share), so one path for the tests, part 2 and part 3
+    lets every engine after the first on a machine start warm (~60 s instead of ~4 min)."""
+    return Path(os.environ.get("GPU_MODEL_DIR") or default)
+
+
 def device_overrides(device: str, workdir: Path, synth_dir: Path | None) -> dict[str, Any]:
     """What the benchmark changes in the profile: the dummy Gemma model (GPU) or the embedded
     SmolLM2 resolved to an absolute path (CPU), and a private state directory."""

@@ -49,6 +49,7 @@ import benchlib  # noqa: E402
 from benchlib import ROOT  # noqa: E402
 
 STRATEGIES = ("drain-swap", "blue-green")
+NO_PREFETCH = "in-place-no-prefetch"  # in-place with reload.in_place_prefetch off, for comparison
 PROBE = {"prompt": [(i * 7919) % 4093 + 10 for i in range(64)], "max_tokens": 32, "temperature": 0,
          "ignore_eos": True}
 
@@ -130,6 +131,8 @@ async def post_reload(admin: Any, base_url: str, strategy: str, model_path: str 
     import httpx
 
     body: dict[str, Any] = {"reload": {"strategy": strategy}}
+    if strategy == NO_PREFETCH:  # vLLM's own order: the files are read while generation is paused
+        body["reload"] = {"strategy": "in-place", "in_place_prefetch": False}
     if model_path:
         body["engine"] = {"model": model_path}
     try:
@@ -157,15 +160,16 @@ async def check_in_place(admin: Any, base_url: str, model: str, versions: list[s
     Returns the answer on version 2 after the in-place swap."""
     fresh_v1 = await greedy(admin, base_url, model)
     answers, pauses = [], []
-    for target in (versions[1], versions[0]):
-        status, body = await post_reload(admin, base_url, "in-place", target, a.reload_timeout_s)
+    for target, strategy in ((versions[1], "in-place"), (versions[0], NO_PREFETCH)):
+        status, body = await post_reload(admin, base_url, strategy, target, a.reload_timeout_s)
         if status != 200:
             raise RuntimeError(f"in-place reload to {target} failed: HTTP {status} {json.dumps(body)[:600]}")
         pauses.append(body.get("pause_s"))
         answers.append(await greedy(admin, base_url, model))
     benchlib.append_jsonl(out, correctness(
         "fresh engine on v1 vs in-place v1 -> v2 -> v1", answers[1] == fresh_v1,
-        f"v2 answer differs from v1: {answers[0] != fresh_v1}; pauses without load {pauses} s", common))
+        f"v2 answer differs from v1: {answers[0] != fresh_v1}; pauses without load {pauses} s "
+        "(prefetched, then not)", common))
     return answers[0]
 
 
@@ -220,14 +224,14 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
             t0 = now()
             print(f"[reload] {strategy} at t={t0:.1f}s, {len(records)} requests done so far", flush=True)
             target = current
-            if strategy == "in-place" and versions:
+            if strategy.startswith("in-place") and versions:
                 target = versions[1] if current == versions[0] else versions[0]
             status, body = await post_reload(admin, base_url, strategy, target,
                                              max(5.0, min(a.reload_timeout_s, t_end - time.monotonic())))
             t1 = now()
             if status == 200:
                 current = target
-                restarted_on_v2 = bool(versions) and strategy != "in-place" and current == versions[1]
+                restarted_on_v2 = bool(versions) and not strategy.startswith("in-place") and current == versions[1]
             server = body if status == 200 else (body.get("reload") or {"error": body.get("error", body)})
             print(f"[reload] {strategy}: HTTP {status} after {t1 - t0:.1f}s: {json.dumps(server)[:400]}", flush=True)
             await asyncio.sleep(min(a.settle_s, max(0.0, t_end - time.monotonic() - 5)))
@@ -269,7 +273,9 @@ def weight_versions(gpu: bool, workdir: Path, synth: Path | None) -> list[str]:
         import random_weights
 
         assert synth is not None
-        return [str(random_weights.write(workdir / f"weights-v{seed}", synth, seed)) for seed in (1, 2)]
+        # Version 1 goes into the synthetic model directory itself: the engine then starts from the
+        # path the other GPU tools use with dummy weights, and finds their compile cache.
+        return [str(random_weights.write(synth, synth, 1)), str(random_weights.write(workdir / "weights-v2", synth, 2))]
     from server.model_prep import write_second_version
     from server.settings import embedded_model_dir
 
@@ -282,7 +288,7 @@ def main() -> None:
     benchlib.add_profile_args(ap, "profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 "
                               "on gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
-                    help="in order, comma-separated: drain-swap, blue-green, in-place")
+                    help=f"in order, comma-separated: drain-swap, blue-green, in-place, {NO_PREFETCH}")
     ap.add_argument("--concurrency", type=int, default=None, help="closed-loop workers (default 32 gpu, 2 cpu)")
     ap.add_argument("--input-tokens", type=int, default=None, help="default 512 gpu, 64 cpu")
     ap.add_argument("--output-tokens", type=int, default=None, help="default 256 gpu, 16 cpu")
@@ -320,13 +326,13 @@ def main() -> None:
     if gpu:
         import synth_tokenizer
 
-        synth = synth_tokenizer.build(workdir / "gemma-4-e2b-synth")
+        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
     defaults = ({"engine": {"gpu_memory_utilization": 0.45}} if gpu
                 else {"engine": {"kv_cache_memory_bytes": 268435456}})
     overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), defaults),
                                     benchlib.parse_set(a.set))
     versions = None
-    if "in-place" in a.strategies.split(","):
+    if any(s.startswith("in-place") for s in a.strategies.split(",")):
         versions = weight_versions(gpu, workdir, synth)
         overrides = benchlib.deep_merge(overrides, {"engine": {"model": versions[0], "load_format": "auto"}})
     settings = benchlib.effective_settings(config, overrides)

@@ -450,7 +450,7 @@ def main() -> None:
     if a.device == "gpu":
         import synth_tokenizer
 
-        synth = synth_tokenizer.build(workdir / "gemma-4-e2b-synth")
+        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
     overrides = benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), benchlib.parse_set(a.set))
     settings = benchlib.effective_settings(config, overrides)
     profile = benchlib.write_settings(settings, workdir / "profile.yaml")

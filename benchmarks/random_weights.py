@@ -47,10 +47,14 @@ def write(out_dir: Path, like: Path, seed: int, device: str | None = None) -> Pa
     from safetensors.torch import save_file
 
     t0 = time.monotonic()
+    done = out_dir / ".written"  # a second call on the same machine reuses the checkpoint (~50 s on a GPU)
+    if done.exists() and done.read_text() == f"{seed}\n":
+        print(f"[random-weights] {out_dir}: seed {seed} already written", flush=True)
+        return out_dir
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out_dir.mkdir(parents=True, exist_ok=True)
     for f in like.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
+        if f.is_file() and f.suffix != ".safetensors" and out_dir.resolve() != like.resolve():
             shutil.copy(f, out_dir / f.name)
     layout = checkpoint_layout(like)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -77,6 +81,7 @@ def write(out_dir: Path, like: Path, seed: int, device: str | None = None) -> Pa
         json.dumps({"metadata": {"total_size": total}, "weight_map": index}, indent=1) + "\n")
     print(f"[random-weights] {out_dir}: {len(layout)} tensors, {total / 2**30:.2f} GiB in {len(shards)} "
           f"shard(s), seed {seed}, {time.monotonic() - t0:.1f}s", flush=True)
+    done.write_text(f"{seed}\n")
     return out_dir
 
 

@@ -21,13 +21,10 @@ old profile again; blue-green never stopped it; in-place loads the previous weig
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from server.engine import Engine, release_freed_memory
 from server.errors import (
@@ -37,8 +34,9 @@ from server.errors import (
     OverloadedError,
     ServiceUnavailableError,
 )
-from server.in_place import RollbackFailed, swap_weights
+from server.in_place import RollbackFailed, prefetch, swap_weights
 from server.settings import ReloadSettings, Settings
+from server.slot import EngineState, ReloadResult, Slot, wait_set
 from server.weights import ModelFiles, in_place_refusal, local_model_files
 
 logger = logging.getLogger("llm_gateway.holder")
@@ -46,67 +44,8 @@ logger = logging.getLogger("llm_gateway.holder")
 EngineFactory = Callable[[Settings], Awaitable[Engine]]
 
 
-class EngineState(str, enum.Enum):
-    STARTING = "starting"
-    SERVING = "serving"
-    RELOADING = "reloading"
-    DRAINING = "draining"
-    STALLED = "stalled"  # work pending and no engine output for health.stall_timeout_s
-    DEAD = "dead"
-    STOPPED = "stopped"
-
-
-@dataclass
-class ReloadResult:
-    outcome: str  # success | failure (nothing changed) | rolled_back (old profile restored)
-    strategy: str
-    duration_s: float
-    queued: int = 0
-    aborted: int = 0
-    max_queue_wait_s: float = 0.0
-    error: str | None = None
-    finished_at: float = field(default_factory=time.time)
-    engine_reloaded: bool = True  # False: the profile was unchanged and only the keys file was re-read
-    pause_s: float | None = None  # in-place: generation paused, from pause to resume
-    kept: int = 0  # in-place `keep`: requests in flight across the swap
-    weights: dict[str, str] | None = None  # the weights serving afterwards: path, fingerprint
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-async def _wait_set(event: asyncio.Event, timeout: float) -> bool:
-    """True once `event` is set, False if `timeout` passes first."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-        return True
-    except asyncio.TimeoutError:
-        return False
-
-
 class _ShuttingDown(Exception):
     """Shutdown began while a reload was starting an engine."""
-
-
-class _Slot:
-    """One engine and the leases taken on it."""
-
-    def __init__(self, engine: Engine, settings: Settings) -> None:
-        self.engine = engine
-        self.settings = settings
-        self.in_flight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-        self._shutdown: asyncio.Future[None] | None = None
-
-    async def shutdown(self) -> None:
-        """Stop the engine once, however many callers (reload retiring it, server stopping) ask."""
-        if self._shutdown is None:
-            self._shutdown = asyncio.ensure_future(self.engine.shutdown())
-        await asyncio.shield(self._shutdown)
-
-    async def wait_idle(self, timeout: float) -> bool:
-        return await _wait_set(self.idle, timeout)
 
 
 class EngineHolder:
@@ -115,7 +54,7 @@ class EngineHolder:
     def __init__(self, settings: Settings, factory: EngineFactory) -> None:
         self.settings = settings
         self._factory = factory
-        self._slot: _Slot | None = None
+        self._slot: Slot | None = None
         self.state = EngineState.STARTING
         self.start_error: BaseException | None = None
         self.started_at: float | None = None
@@ -228,7 +167,7 @@ class EngineHolder:
             await engine.shutdown()
             self._set_state(EngineState.STOPPED)
             return
-        self._slot = _Slot(engine, self.settings)
+        self._slot = Slot(engine, self.settings)
         self.started_at = time.time()
         self.weights = await asyncio.to_thread(local_model_files, self.settings)
         logger.info("engine ready in %.1f s", time.monotonic() - t0)
@@ -291,7 +230,7 @@ class EngineHolder:
         return drained
 
     async def wait_idle(self, timeout: float) -> bool:
-        return await _wait_set(self._all_idle, timeout)
+        return await wait_set(self._all_idle, timeout)
 
     # -- leases --------------------------------------------------------------------------
 
@@ -313,7 +252,7 @@ class EngineHolder:
             if self._total_in_flight == 0:
                 self._all_idle.set()
 
-    async def _admit(self) -> _Slot:
+    async def _admit(self) -> Slot:
         if self.state is EngineState.SERVING and self._slot is not None:
             if not self._slot.engine.is_dead():
                 limit = self.settings.limits.max_in_flight
@@ -338,7 +277,7 @@ class EngineHolder:
             f"the service is {self.state.value}; retry shortly", headers={"Retry-After": "2"}
         )
 
-    async def _wait_for_reload(self) -> _Slot:
+    async def _wait_for_reload(self) -> Slot:
         limits = self._reload_limits or self.settings.reload
         if self._waiting >= limits.queue_size:
             raise ServiceUnavailableError(
@@ -437,7 +376,7 @@ class EngineHolder:
         return ReloadResult("failure", strategy, time.monotonic() - t0, aborted=aborted,
                             error="the server is shutting down; the reload was abandoned")
 
-    async def _retire(self, slot: _Slot, drain_timeout: float) -> int:
+    async def _retire(self, slot: Slot, drain_timeout: float) -> int:
         """Let an old engine's leases finish, abort what outlives the timeout, stop it."""
         aborted = 0
         if not await slot.wait_idle(drain_timeout):
@@ -472,10 +411,10 @@ class EngineHolder:
                 self._set_state(EngineState.DEAD)
                 return ReloadResult("failure", "drain-swap", time.monotonic() - t0, aborted=aborted,
                                     error=f"{exc}; rollback failed too: {again}")
-            self._slot = _Slot(engine, old.settings)
+            self._slot = Slot(engine, old.settings)
             self._set_state(EngineState.SERVING)
             return ReloadResult("rolled_back", "drain-swap", time.monotonic() - t0, aborted=aborted, error=str(exc))
-        self._slot = _Slot(engine, new_settings)
+        self._slot = Slot(engine, new_settings)
         self.settings = new_settings
         self.weights = await asyncio.to_thread(local_model_files, new_settings)
         self._set_state(EngineState.SERVING)
@@ -491,7 +430,7 @@ class EngineHolder:
         except Exception as exc:
             logger.error("new engine failed to start (%s); the old one keeps serving", exc)
             return ReloadResult("rolled_back", "blue-green", time.monotonic() - t0, error=str(exc))
-        self._slot = _Slot(engine, new_settings)  # new requests go to the new engine from here
+        self._slot = Slot(engine, new_settings)  # new requests go to the new engine from here
         self.settings = new_settings
         self.weights = await asyncio.to_thread(local_model_files, new_settings)
         aborted = await self._retire(old, new_settings.reload.drain_timeout_s)
@@ -504,6 +443,10 @@ class EngineHolder:
         if refusal:
             raise InvalidRequestError(refusal, param="engine.model")
         assert candidate is not None
+        if new_settings.reload.in_place_prefetch:  # before any request waits
+            await prefetch(slot.engine, str(candidate.path), new_settings.reload.in_place_prefetch_timeout_s)
+            if self.closing:
+                return self._abandoned("in-place", t0)
         self._set_state(EngineState.RELOADING)  # new requests queue from here on
         aborted = 0
         if new_settings.reload.in_place_mode == "finish-old":

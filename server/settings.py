@@ -174,6 +174,15 @@ class ReloadSettings(BaseModel):
     (up to `drain_timeout_s`), then the swap; every answer comes from one version, and the wait
     is as long as the longest request in flight."""
 
+    in_place_prefetch: bool = True
+    """Read the new weights into memory (pinned on a GPU) before an in-place reload pauses, so
+    the pause covers only their copy into the model, not the file read. Costs host memory the
+    size of the checkpoint during the reload; requests keep running while it is read."""
+
+    in_place_prefetch_timeout_s: float = Field(300.0, gt=0)
+    """Longest the prefetch may take; after it (or if it fails) the reload reads the files
+    during the pause, as vLLM does."""
+
     drain_timeout_s: float = Field(30.0, ge=0)
     """How long the old engine's requests may run on; the rest are aborted with a clear error."""
 

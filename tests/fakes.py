@@ -33,6 +33,7 @@ class FakeEngine:
     weights_loaded: list[str] = field(default_factory=list)  # paths, in order
     fail_weights: set[str] = field(default_factory=set)  # paths whose reload raises
     reload_delay_s: float = 0.0
+    weights_prefetched: list[str] = field(default_factory=list)
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -101,6 +102,11 @@ class FakeEngine:
 
     async def pause_generation(self) -> None:
         self.paused = True
+
+    async def prefetch_weights(self, weights_path: str, timeout_s: float) -> str | None:
+        assert not self.paused, "weights prefetched while the engine was paused"
+        self.weights_prefetched.append(weights_path)
+        return None
 
     async def reload_weights(self, weights_path: str) -> None:
         assert self.paused, "weights reloaded while the engine was not paused"

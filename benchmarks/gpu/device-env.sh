@@ -6,6 +6,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -f .gpu/install.sh ]; then bash .gpu/install.sh 2>&1 | tail -3; fi
 [ -f /tmp/site/.installed ] || { echo "vLLM bundle not installed yet (carry the remaining .gpu parts first)"; exit 2; }
 export PYTHONPATH=/tmp/site:$PWD VLLM_CACHE_ROOT=/tmp/vllm-cache PYTHONUNBUFFERED=1
+# One synthetic Gemma directory for every tool: vLLM's compile cache is keyed by the model path.
+export GPU_MODEL_DIR=/tmp/gemma-4-e2b
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 python3 -c "import vllm, torch, fastapi, uvicorn, pydantic_settings, httpx, yaml, prometheus_client, psutil, tokenizers; print('vllm', vllm.__version__, 'torch', torch.__version__)" \
   || { echo "missing packages on the device"; exit 3; }

@@ -14,12 +14,12 @@
 # Budget: gateway start + two engine starts: ~3.5 min with a warm compile cache (e.g. right after
 # part2.sh on the same machine), ~7 min cold on a fresh machine (then the second reload may be
 # skipped by the deadline: run it again as a second call).
-# Knobs: STRATEGIES (in-place,drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
+# Knobs: STRATEGIES (in-place,in-place-no-prefetch,drain-swap,blue-green), CONCURRENCY (32), CALL_LIMIT_S (600), EXTRA.
 set -uo pipefail
 source benchmarks/gpu/device-env.sh
 work=/tmp/part3-work; mkdir -p "$work"
 python3 benchmarks/gpu_reload.py --device gpu --deadline-s "$deadline" \
-  --strategies "${STRATEGIES:-in-place,drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
+  --strategies "${STRATEGIES:-in-place,in-place-no-prefetch,drain-swap,blue-green}" --concurrency "${CONCURRENCY:-32}" \
   --out "$OUT/part3.jsonl" --workdir "$work" --requests-out "$work/requests.json" \
   --label "H200, vLLM 0.26.0, Gemma 4 E2B (random weights from disk with in-place, else dummy) + synthetic tokenizer, gpu_memory_utilization 0.45" \
   --doc "$OUT/part3.json" ${EXTRA:-} 2>&1 | tee "$OUT/part3.log"

@@ -141,6 +141,11 @@ class Engine(Protocol):
         """Stop scheduling: running and new requests wait (none is aborted) until resumed."""
         ...
 
+    async def prefetch_weights(self, weights_path: str, timeout_s: float) -> str | None:
+        """Read `weights_path`'s tensors into memory while generation goes on, so the next
+        `reload_weights` of that path only copies them; returns why not (None when done)."""
+        ...
+
     async def reload_weights(self, weights_path: str) -> None:
         """Copy the weights in `weights_path` into the loaded model (paused engine only)."""
         ...

@@ -347,10 +347,27 @@ class VllmEngine:
         # weights is reused: the kept requests recompute their KV with the new weights on resume.
         await self._llm.pause_generation(mode="keep", clear_cache=True)
 
+    async def prefetch_weights(self, weights_path: str, timeout_s: float) -> str | None:
+        if not self._gateway_workers:
+            return "the profile names its own worker_extension_cls"
+        await self._llm.collective_rpc("gateway_prefetch_weights", kwargs={"weights_path": weights_path})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = await self._llm.collective_rpc("gateway_prefetch_state", kwargs={"weights_path": weights_path})
+            failed = [s for s in states if s != "done" and s != "running"]
+            if failed:
+                return failed[0]
+            if all(s == "done" for s in states):
+                return None
+            if time.monotonic() > deadline:
+                return f"not done after {timeout_s:.0f} s"
+            await asyncio.sleep(0.05)
+
     async def reload_weights(self, weights_path: str) -> None:
         # vLLM 0.26 and 0.32 alike: every worker's model runner loads the checkpoint at
         # `weights_path` into the existing parameters (the model config now points there);
-        # the gateway's worker method adds the CPU backend's fix (server.engine.worker_extension).
+        # the gateway's worker method adds the CPU backend's fix and uses the prefetched tensors
+        # (server.engine.worker_extension).
         method = "gateway_reload_weights" if self._gateway_workers else "reload_weights"
         await self._llm.collective_rpc(method, kwargs={"weights_path": weights_path})
         self.info = dataclasses.replace(self.info, model_path=weights_path)

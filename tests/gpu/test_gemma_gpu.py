@@ -39,7 +39,7 @@ def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     import synth_tokenizer
 
     tmp = tmp_path_factory.mktemp(f"gemma-{request.param}")
-    model = synth_tokenizer.build(tmp / "model")
+    model = synth_tokenizer.build(benchlib.gpu_model_dir(tmp / "model"))
     config, _ = PROFILES[request.param]
     settings = benchlib.effective_settings(config, benchlib.device_overrides("gpu", tmp, model))
     profile = benchlib.write_settings(settings, tmp / "profile.yaml")

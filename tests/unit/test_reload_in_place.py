@@ -15,11 +15,12 @@ from tests.unit.test_reload_fake import use
 from tests.unit.test_weights import model_dir
 
 
-def settings(model: Path, mode: str = "keep", **engine: object) -> Settings:
+def settings(model: Path, mode: str = "keep", prefetch: bool = True, **engine: object) -> Settings:
     return Settings(
         engine=EngineProfile(model=str(model), device="cpu", kv_cache_memory_bytes=1,
                              served_model_name="m", **engine),
-        reload=ReloadSettings(strategy="in-place", in_place_mode=mode, drain_timeout_s=5),
+        reload=ReloadSettings(strategy="in-place", in_place_mode=mode, drain_timeout_s=5,
+                              in_place_prefetch=prefetch),
     )
 
 
@@ -63,6 +64,7 @@ async def test_keep_pauses_in_flight_requests_and_swaps_under_them(versions: tup
     assert [await t for t in running] == [30] * 4  # every kept request completes
     assert [await t for t in late] == [5] * 3
     assert engine.weights_loaded == [str(v2.resolve())] and not engine.paused
+    assert engine.weights_prefetched == [str(v2.resolve())]  # read before the pause (the fake asserts it)
     after = holder.status()["weights"]
     assert after["path"] == str(v2.resolve()) and after["fingerprint"] != before["fingerprint"]
     assert result.weights == after
@@ -140,3 +142,12 @@ async def test_a_cancelled_swap_still_resumes_the_engine(versions: tuple[Path, P
     with pytest.raises(asyncio.CancelledError):
         await reload
     assert not engine.paused
+
+
+@pytest.mark.anyio
+async def test_prefetch_can_be_turned_off(versions: tuple[Path, Path]) -> None:
+    v1, v2 = versions
+    holder, engine = await started(v1)
+    result = await holder.reload(settings(v2, prefetch=False))
+    assert result.outcome == "success"
+    assert engine.weights_prefetched == [] and engine.weights_loaded == [str(v2.resolve())]
