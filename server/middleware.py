@@ -34,8 +34,8 @@ from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.tenants")
 
-# The generation routes tenant limits apply to, and whether their body is a chat request.
-LIMITED_ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
+# The generation routes tenant limits apply to, and the kind of body each takes (server.tenants.reservation).
+LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None,
