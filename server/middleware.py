@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from server.errors import (
     ModelNotFoundError,
     RateLimitExceededError,
     error_body,
+    responses_error_event,
     sse_error_event,
 )
 from server.metrics import GatewayMetrics
@@ -279,6 +281,16 @@ def parse_json(body: bytes) -> Any:
         return None  # the route refuses it with 400; nothing is reserved for it
 
 
+def next_sequence_number(chunk: bytes) -> int:
+    """The number after the last /v1/responses event in `chunk` (each chunk the app sends holds
+    whole events; the top-level `sequence_number` is the only one in an event)."""
+    at = chunk.rfind(b'"sequence_number":')
+    if at < 0:
+        return 0
+    digits = re.match(rb"\s*(\d+)", chunk[at + len(b'"sequence_number":'):])
+    return int(digits.group(1)) + 1 if digits else 0
+
+
 class _StreamEnded(Exception):
     """Raised into the app to stop a stream this middleware has already ended."""
 
@@ -375,6 +387,7 @@ class TenantLimitMiddleware:
             state["response_headers"] = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
         if decision is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
             downstream, streaming = send, False
+            responses = scope["path"] == "/v1/responses"  # its events are numbered, and there is no [DONE]
 
             async def send_limited(message: Message) -> None:
                 nonlocal streaming, ended
@@ -384,8 +397,11 @@ class TenantLimitMiddleware:
                     streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
                                     for k, v in message.get("headers", ()))
                 elif streaming and message.get("more_body") and self._over_budget(state, decision):
-                    end = sse_error_event(budget_spent(tenant, decision.budget_used, decision.period,
-                                                       self.tenancy.clock())) + "data: [DONE]\n\n"
+                    error = budget_spent(tenant, decision.budget_used, decision.period, self.tenancy.clock())
+                    if responses:
+                        end = responses_error_event(error, next_sequence_number(message.get("body", b"")))
+                    else:
+                        end = sse_error_event(error) + "data: [DONE]\n\n"
                     message["body"] = message.get("body", b"") + end.encode()
                     message["more_body"] = False
                     ended = True

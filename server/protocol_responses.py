@@ -170,13 +170,4 @@ class TextDoneEvent(StreamEvent):
     text: str
     logprobs: list[Any] = Field(default_factory=list)
 
-
-class ErrorEvent(StreamEvent):
-    """OpenAI's `error` event, plus the gateway's usual error body under `error`: the OpenAI SDK
-    raises an APIError carrying it, as it does for a failed chat stream."""
-
-    type: Literal["error"] = "error"
-    code: str | None = None
-    message: str
-    param: str | None = None
-    error: dict[str, Any]
+# A failed stream's last event, `error`, is built by server.errors.responses_error_event.

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
-from server.errors import InvalidRequestError, NotFoundError
+from server.errors import InvalidRequestError, NotFoundError, responses_error_event
 from server.protocol_responses import (
     ContentPartEvent,
-    ErrorEvent,
     IncompleteDetails,
     OutputItemEvent,
     OutputMessage,
@@ -224,9 +223,7 @@ class ResponsesService(GenerationService):
             stats.completed = True
             yield numbered(ResponseEvent, type="response.completed", response=response(status, [message], True))
         except Exception as exc:  # never leave a started stream without an ending
-            error = stream_failure(exc, request_id)
-            yield numbered(ErrorEvent, code=str(error.code or error.status), message=error.message,
-                           param=error.param, error=error.body()["error"])
+            yield responses_error_event(stream_failure(exc, request_id), sequence)
         finally:
             await prepared.stream.aclose()  # type: ignore[attr-defined]
 

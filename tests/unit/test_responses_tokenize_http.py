@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
 
 from server.holder import EngineState
@@ -224,3 +225,41 @@ async def test_keys_and_budgets_cover_the_new_routes(tmp_path: Path) -> None:
         snap = gw.metrics()
         assert get(snap, "gateway_tenant_tokens_total", tenant="tpm", kind="prompt") == r.json()["usage"]["input_tokens"]
         assert get(snap, "gateway_tenant_tokens_total", tenant="tpm", kind="completion") == 10
+
+
+@pytest.mark.anyio
+async def test_the_openai_sdk_reads_the_stream_and_its_error_event() -> None:
+    import openai
+
+    engine = FakeEngine()
+    client, holder = make(engine)
+    await holder.start()
+    sdk = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0,
+                             http_client=httpx.AsyncClient(transport=client._transport, base_url="http://test"))
+    async with sdk.responses.stream(model="fake", input="a", max_output_tokens=3) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_response()
+    assert kinds.count("response.output_text.delta") == 3 and final.output_text == " w0 w1 w2"
+    assert final.status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    engine.fail_after = 1
+    kinds = []
+    with pytest.raises(openai.APIError) as failure:  # the error event's `error` body, as for chat
+        async with sdk.responses.stream(model="fake", input="a", max_output_tokens=3) as stream:
+            kinds = [event.type async for event in stream]
+    assert "scripted engine failure" in failure.value.message and failure.value.body["type"] == "ServiceUnavailableError"
+    assert kinds == []
+    assert holder.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_a_response_stream_over_budget_ends_with_an_error_event(tmp_path: Path) -> None:
+    async with Gateway_(tmp_path, end_streams_over_budget=True) as gw:
+        # budget 40: reserves about 8 + 30, holds the 40 left, is ended once it passes them
+        r = await gw.client.post("/v1/responses", json={"input": "a", "max_output_tokens": 30, "stream": True,
+                                                        "instructions": "x " * 10}, headers=bearer("sk-budget"))
+        events = events_of(r.text)
+        assert r.status_code == 200 and "[DONE]" not in r.text
+        kind, error = events[-1]
+        assert kind == "error" and error["code"] == "insufficient_quota" and error["error"]["code"] == "insufficient_quota"
+        assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+        assert "response.completed" not in [t for t, _ in events]
