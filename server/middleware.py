@@ -219,8 +219,9 @@ def budget_spent(tenant: Tenant, used: int | None, period: str, now: float) -> I
         f"{tenant.limits.budget_tokens} tokens for {period}. The budget renews with {renews} (UTC).")
 
 
-def refusal_error(decision: Decision, now: float) -> GatewayError:
-    """The 429 for a refused request, in OpenAI's words and shape, with its retry headers."""
+def refusal_error(decision: Decision, now: float, max_tokens_param: str = "max_tokens") -> GatewayError:
+    """The 429 for a refused request, in OpenAI's words and shape, with its retry headers;
+    `max_tokens_param` is the route's name for it (/v1/responses: max_output_tokens)."""
     tenant, reserved = decision.tenant, decision.reserved
     headers = ratelimit_headers(decision)
     if decision.reason == BUDGET:
@@ -231,9 +232,9 @@ def refusal_error(decision: Decision, now: float) -> GatewayError:
         headers["x-should-retry"] = "false"
         return RateLimitExceededError(
             f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
-            f"{tenant.limits.tokens_per_minute}, Requested {reserved} (the prompt plus max_tokens x n, or the "
-            "whole context when max_tokens is not set). Lower max_tokens or shorten the prompt.",
-            param="max_tokens", headers=headers)
+            f"{tenant.limits.tokens_per_minute}, Requested {reserved} (the prompt plus {max_tokens_param} x n, or "
+            f"the whole context when {max_tokens_param} is not set). Lower {max_tokens_param} or shorten the prompt.",
+            param=max_tokens_param, headers=headers)
     wait = decision.retry_after_s
     headers.update({"Retry-After": str(max(math.ceil(wait), 1)), "retry-after-ms": str(max(math.ceil(wait * 1000), 1))})
     if decision.reason == CONCURRENCY:
@@ -355,7 +356,8 @@ class TenantLimitMiddleware:
                 if not decision.allowed:
                     state["rejection_reason"] = "budget" if decision.reason == BUDGET else "rate_limit"
                     self._child(self.metrics.tenant_rate_limited, tenant.name, decision.reason or "").inc()
-                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock()))
+                    param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
+                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
                     return
         await self._run(scope, receive, send, state, tenant, decision)
 

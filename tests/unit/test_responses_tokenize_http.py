@@ -217,7 +217,8 @@ async def test_keys_and_budgets_cover_the_new_routes(tmp_path: Path) -> None:
         # tpm 60: a response reserves its estimated prompt plus max_output_tokens, then pays what it used
         r = await gw.client.post("/v1/responses", json={"input": "a", "max_output_tokens": 60},
                                  headers=bearer("sk-tpm"))
-        assert_error(r, 429, "rate_limit_exceeded")
+        error = assert_error(r, 429, "rate_limit_exceeded")
+        assert error["param"] == "max_output_tokens" and "Lower max_output_tokens" in error["message"]
         r = await gw.client.post("/v1/responses", json={"input": "a", "max_output_tokens": 10},
                                  headers=bearer("sk-tpm"))
         assert r.status_code == 200
