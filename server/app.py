@@ -20,14 +20,17 @@ from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
 from server.middleware import AuthMiddleware, BodyLimitMiddleware, TenantLimitMiddleware
 from server.routes import openai as openai_routes
 from server.routes import ops as ops_routes
+from server.routes import tokenize as tokenize_routes
 from server.serving.chat import ChatService
 from server.serving.completions import CompletionService
+from server.serving.responses import ResponsesService
 from server.settings import Settings
 from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.access")
 
-MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models"})
+MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models",
+                             "/tokenize", "/detokenize"})
 
 
 class MetricsMiddleware:
@@ -146,6 +149,7 @@ def build_app(
     fingerprint = f"llm-gateway-{__version__}"
     app.state.completions = CompletionService(holder, fingerprint=fingerprint)
     app.state.chat = ChatService(holder, fingerprint=fingerprint)
+    app.state.responses = ResponsesService(holder, fingerprint=fingerprint)
     metrics.set_engine_state(holder.state.value)
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
     holder.add_reload_listener(metrics.observe_reload)
@@ -181,6 +185,7 @@ def build_app(
         return JSONResponse(error_body("Internal server error.", 500), status_code=500)
 
     app.include_router(openai_routes.router)
+    app.include_router(tokenize_routes.router)
     app.include_router(ops_routes.router)
     # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read,
     # and the tenant limiter reads a body already capped.

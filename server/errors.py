@@ -7,7 +7,8 @@ the exception: their ``code`` is OpenAI's string (``rate_limit_exceeded``, ``ins
 because that string is how OpenAI's clients tell "wait and retry" from "stop, the budget is
 spent", while a gateway-wide 429 (``limits.max_in_flight``) keeps the number. Once a stream has
 started the same body is sent as a final SSE event (``sse_error_event``) followed by
-``data: [DONE]``.
+``data: [DONE]``; a /v1/responses stream ends with OpenAI's ``error`` event instead
+(``responses_error_event``), which carries the same body under ``error``.
 """
 
 from __future__ import annotations
@@ -150,3 +151,13 @@ def error_body(message: str, status: int, param: str | None = None, *, code: str
 
 def sse_error_event(error: GatewayError) -> str:
     return f"data: {json.dumps(error.body(), ensure_ascii=False)}\n\n"
+
+
+def responses_error_event(error: GatewayError, sequence_number: int) -> str:
+    """The last event of a /v1/responses stream that failed: OpenAI's `error` event (type, code,
+    message, param, sequence_number) plus the usual body under `error`, which the OpenAI SDK
+    raises as an APIError, as it does for a failed chat stream."""
+    body = error.body()["error"]
+    event = {"type": "error", "sequence_number": sequence_number, "code": str(body["code"]),
+             "message": error.message, "param": error.param, "error": body}
+    return f"event: error\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"

@@ -11,6 +11,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,7 @@ from server.errors import (
     ModelNotFoundError,
     RateLimitExceededError,
     error_body,
+    responses_error_event,
     sse_error_event,
 )
 from server.metrics import GatewayMetrics
@@ -34,8 +36,8 @@ from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.tenants")
 
-# The generation routes tenant limits apply to, and whether their body is a chat request.
-LIMITED_ROUTES = {"/v1/completions": False, "/v1/chat/completions": True}
+# The generation routes tenant limits apply to, and the kind of body each takes (server.tenants.reservation).
+LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None,
@@ -217,8 +219,9 @@ def budget_spent(tenant: Tenant, used: int | None, period: str, now: float) -> I
         f"{tenant.limits.budget_tokens} tokens for {period}. The budget renews with {renews} (UTC).")
 
 
-def refusal_error(decision: Decision, now: float) -> GatewayError:
-    """The 429 for a refused request, in OpenAI's words and shape, with its retry headers."""
+def refusal_error(decision: Decision, now: float, max_tokens_param: str = "max_tokens") -> GatewayError:
+    """The 429 for a refused request, in OpenAI's words and shape, with its retry headers;
+    `max_tokens_param` is the route's name for it (/v1/responses: max_output_tokens)."""
     tenant, reserved = decision.tenant, decision.reserved
     headers = ratelimit_headers(decision)
     if decision.reason == BUDGET:
@@ -229,9 +232,9 @@ def refusal_error(decision: Decision, now: float) -> GatewayError:
         headers["x-should-retry"] = "false"
         return RateLimitExceededError(
             f"Request too large for tenant {tenant.name} on tokens per min (TPM): Limit "
-            f"{tenant.limits.tokens_per_minute}, Requested {reserved} (the prompt plus max_tokens x n, or the "
-            "whole context when max_tokens is not set). Lower max_tokens or shorten the prompt.",
-            param="max_tokens", headers=headers)
+            f"{tenant.limits.tokens_per_minute}, Requested {reserved} (the prompt plus {max_tokens_param} x n, or "
+            f"the whole context when {max_tokens_param} is not set). Lower {max_tokens_param} or shorten the prompt.",
+            param=max_tokens_param, headers=headers)
     wait = decision.retry_after_s
     headers.update({"Retry-After": str(max(math.ceil(wait), 1)), "retry-after-ms": str(max(math.ceil(wait * 1000), 1))})
     if decision.reason == CONCURRENCY:
@@ -277,6 +280,16 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, RecursionError):
         return None  # the route refuses it with 400; nothing is reserved for it
+
+
+def next_sequence_number(chunk: bytes) -> int:
+    """The number after the last /v1/responses event in `chunk` (each chunk the app sends holds
+    whole events; the top-level `sequence_number` is the only one in an event)."""
+    at = chunk.rfind(b'"sequence_number":')
+    if at < 0:
+        return 0
+    digits = re.match(rb"\s*(\d+)", chunk[at + len(b'"sequence_number":'):])
+    return int(digits.group(1)) + 1 if digits else 0
 
 
 class _StreamEnded(Exception):
@@ -343,7 +356,8 @@ class TenantLimitMiddleware:
                 if not decision.allowed:
                     state["rejection_reason"] = "budget" if decision.reason == BUDGET else "rate_limit"
                     self._child(self.metrics.tenant_rate_limited, tenant.name, decision.reason or "").inc()
-                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock()))
+                    param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
+                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
                     return
         await self._run(scope, receive, send, state, tenant, decision)
 
@@ -375,6 +389,7 @@ class TenantLimitMiddleware:
             state["response_headers"] = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
         if decision is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
             downstream, streaming = send, False
+            responses = scope["path"] == "/v1/responses"  # its events are numbered, and there is no [DONE]
 
             async def send_limited(message: Message) -> None:
                 nonlocal streaming, ended
@@ -384,8 +399,11 @@ class TenantLimitMiddleware:
                     streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
                                     for k, v in message.get("headers", ()))
                 elif streaming and message.get("more_body") and self._over_budget(state, decision):
-                    end = sse_error_event(budget_spent(tenant, decision.budget_used, decision.period,
-                                                       self.tenancy.clock())) + "data: [DONE]\n\n"
+                    error = budget_spent(tenant, decision.budget_used, decision.period, self.tenancy.clock())
+                    if responses:
+                        end = responses_error_event(error, next_sequence_number(message.get("body", b"")))
+                    else:
+                        end = sse_error_event(error) + "data: [DONE]\n\n"
                     message["body"] = message.get("body", b"") + end.encode()
                     message["more_body"] = False
                     ended = True

@@ -20,10 +20,12 @@ from server.protocol import (
     ErrorResponse,
     ModelList,
 )
+from server.protocol_responses import ResponseObject, ResponsesRequest
 from server.serving.chat import ChatService
 from server.serving.common import EventStream, RequestStats, new_request_id
 from server.serving.completions import CompletionService
 from server.serving.models import list_models
+from server.serving.responses import ResponsesService
 
 T = TypeVar("T")
 
@@ -42,6 +44,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                    "description": "The result, or with `stream: true` server-sent events ending in `data: [DONE]`"}
+RESPONSE_EVENTS = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                   "description": "The response, or with `stream: true` server-sent `event:`/`data:` pairs from "
+                   "`response.created` to `response.completed` (or `error`)"}
 
 
 class ClientDisconnected(Exception):
@@ -129,13 +134,14 @@ def _observe_tokens(
 
 
 async def _serve(
-    request: Request, route: str, create: Callable[[str, RequestStats], Awaitable[Any]], id_prefix: str
+    request: Request, route: str, create: Callable[[str, RequestStats], Awaitable[Any]], id_prefix: str,
+    id_separator: str = "-",
 ) -> Response:
-    """Shared by both generation routes: run, cancel on disconnect, observe, respond."""
+    """Shared by the generation routes: run, cancel on disconnect, observe, respond."""
     metrics: GatewayMetrics = request.app.state.metrics
     started = request.state.started
     stats = RequestStats()
-    request_id = new_request_id(id_prefix)
+    request_id = new_request_id(id_prefix, id_separator)
     request.state.stats = stats  # read by the access log line once the response is done
     request.state.completion_id = request_id
     try:
@@ -176,6 +182,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     service: ChatService = request.app.state.chat
     return await _serve(
         request, "/v1/chat/completions", lambda rid, stats: service.create(body, rid, stats), "chatcmpl"
+    )
+
+
+@router.post(
+    "/v1/responses",
+    response_model=ResponseObject,
+    responses={**ERROR_RESPONSES, 200: RESPONSE_EVENTS},
+    summary="Create a response (OpenAI Responses API; text only, no tools, nothing stored)",
+)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    service: ResponsesService = request.app.state.responses
+    return await _serve(
+        request, "/v1/responses", lambda rid, stats: service.create(body, rid, stats), "resp", "_"
     )
 
 

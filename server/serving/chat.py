@@ -17,6 +17,7 @@ from server.protocol import (
     ChatLogprobContent,
     ChatLogprobs,
     ChatLogprobTop,
+    ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
 )
@@ -38,11 +39,15 @@ from server.serving.common import (
 
 
 def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    return chat_message_dicts(req.messages)
+
+
+def chat_message_dicts(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, Any]]:
     """Messages as the chat template expects them: text content parts joined by newlines."""
-    if not req.messages:
-        raise InvalidRequestError("messages must contain at least one message.", param="messages")
+    if not messages:
+        raise InvalidRequestError(f"{param} must contain at least one message.", param=param)
     out = []
-    for m in req.messages:
+    for m in messages:
         if isinstance(m.content, list):
             content = "\n".join(part.text for part in m.content)
         else:
@@ -52,6 +57,22 @@ def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             message["name"] = m.name
         out.append(message)
     return out
+
+
+def chat_prompt_ids(
+    engine: Engine, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
+    continue_final_message: bool, add_special_tokens: bool = False, param: str = "messages",
+) -> list[int]:
+    """The chat template applied to `messages`, tokenized (the template adds its own special tokens)."""
+    try:
+        text = engine.render_chat(
+            messages,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+        )
+    except Exception as exc:  # template errors come from the client's message list
+        raise InvalidRequestError(f"cannot apply the chat template: {exc}", param=param) from exc
+    return engine.encode(text, add_special_tokens=add_special_tokens)
 
 
 def structured_output(req: ChatCompletionRequest) -> dict[str, Any] | None:
@@ -96,16 +117,10 @@ class ChatService(GenerationService):
         check_logprobs(req.top_logprobs, engine, "top_logprobs")
 
     def _prompt_ids(self, engine: Engine, req: ChatCompletionRequest) -> list[int]:
-        messages = message_dicts(req)
-        try:
-            text = engine.render_chat(
-                messages,
-                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                continue_final_message=req.continue_final_message,
-            )
-        except Exception as exc:  # template errors come from the client's message list
-            raise InvalidRequestError(f"cannot apply the chat template: {exc}", param="messages") from exc
-        return engine.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(
+            engine, message_dicts(req),
+            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+        )
 
     async def create(
         self, req: ChatCompletionRequest, request_id: str, stats: RequestStats | None = None

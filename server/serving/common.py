@@ -95,22 +95,26 @@ class RequestStats:
         )
 
 
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+def new_request_id(prefix: str, separator: str = "-") -> str:
+    return f"{prefix}{separator}{uuid.uuid4().hex[:16]}"
 
 
 def sse(payload: str) -> str:
     return f"data: {payload}\n\n"
 
 
-def sse_error(exc: BaseException, request_id: str) -> str:
-    """The final SSE event of a stream that failed after it started."""
+def stream_failure(exc: BaseException, request_id: str) -> GatewayError:
+    """What a stream that failed after it started tells the client (logged here, once)."""
     if not isinstance(exc, GatewayError):
         logger.error("stream %s failed", request_id, exc_info=exc)
-        exc = InternalError(f"generation failed: {exc!r}")
-    else:
-        logger.warning("stream %s failed: %s", request_id, exc.message)
-    return sse(json.dumps(exc.body(), ensure_ascii=False))
+        return InternalError(f"generation failed: {exc!r}")
+    logger.warning("stream %s failed: %s", request_id, exc.message)
+    return exc
+
+
+def sse_error(exc: BaseException, request_id: str) -> str:
+    """The final SSE event of a stream that failed after it started."""
+    return sse(json.dumps(stream_failure(exc, request_id).body(), ensure_ascii=False))
 
 
 def guarded(stream: AsyncIterator[GenerationOutput], limits: LimitSettings) -> AsyncIterator[GenerationOutput]:
@@ -141,7 +145,8 @@ def check_model(requested: str | None, served: str) -> None:
 
 
 def resolve_max_tokens(
-    requested: int | None, prompt_len: int, max_model_len: int, *, param: str = "max_tokens"
+    requested: int | None, prompt_len: int, max_model_len: int, *, param: str = "max_tokens",
+    prompt_param: str | None = None,
 ) -> int:
     """vLLM's rule: reject impossible values, clamp the rest to the room left in the context."""
     room = max_model_len - prompt_len
@@ -149,7 +154,7 @@ def resolve_max_tokens(
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens, but the prompt "
             f"has {prompt_len} tokens, which leaves no room for output. Shorten the prompt.",
-            param="prompt" if param == "max_tokens" else "messages",
+            param=prompt_param or ("prompt" if param == "max_tokens" else "messages"),
         )
     if requested is None:
         return room

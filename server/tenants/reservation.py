@@ -15,7 +15,7 @@ reserves nothing: the request is refused by validation before it reaches the eng
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 CHARS_PER_TOKEN = 4
 # OpenAI's cookbook count of a chat template's cost: 3 tokens around each message, 3 to prime the reply.
@@ -70,15 +70,33 @@ def chat_prompt(body: dict[str, Any]) -> list[int]:
     return [total]
 
 
-def reserved_tokens(body: Any, chat: bool, context_length: int | None) -> int:
-    """Tokens a request reserves (the rule in the module docstring); `context_length` is the
-    engine's max_model_len, None while no engine serves (the request then fails with 503)."""
+def responses_prompt(body: dict[str, Any]) -> list[int]:
+    """The estimated token count of a /v1/responses body's instructions and input, as one prompt."""
+    raw = body.get("input")
+    messages: list[Any] = [{"content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    if not messages:
+        return []
+    if isinstance(body.get("instructions"), str):
+        messages = [{"content": body["instructions"]}, *messages]
+    return chat_prompt({"messages": messages})
+
+
+RouteKind = Literal["completions", "chat", "responses"]
+
+
+def reserved_tokens(body: Any, kind: RouteKind, context_length: int | None) -> int:
+    """Tokens a request of route `kind` reserves (the rule in the module docstring);
+    `context_length` is the engine's max_model_len, None while no engine serves (the request then
+    fails with 503). /v1/responses counts like chat, with max_output_tokens as its max_tokens."""
     if not isinstance(body, dict):
         return 0
-    prompts = chat_prompt(body) if chat else completion_prompts(body)
-    raw = body.get("max_completion_tokens") if chat else None  # chat's own name wins, as in serving
-    if raw is None:
-        raw = body.get("max_tokens")
+    if kind == "responses":
+        prompts, raw = responses_prompt(body), body.get("max_output_tokens")
+    else:
+        prompts = chat_prompt(body) if kind == "chat" else completion_prompts(body)
+        raw = body.get("max_completion_tokens") if kind == "chat" else None  # chat's own name wins, as in serving
+        if raw is None:
+            raw = body.get("max_tokens")
     # An unusable value (negative, a string) is refused by validation: it reserves no completion.
     requested = None if raw is None else (_count(raw) or 0)
     n = _count(body.get("n")) or 1

@@ -185,6 +185,34 @@ def test_streaming_is_not_buffered_by_nginx(nginx_single: Nginx, gateway: Server
         assert stream.reads >= 16, stream.reads
 
 
+def responses_stream(client: httpx.Client, base_url: str) -> tuple[list[str], int]:
+    """A streamed /v1/responses answer's text deltas and the socket reads they arrived in."""
+    body = {"model": SERVED_NAME, "input": "Write a long story about a cat who learns to fly.", "max_output_tokens": 48,
+            "temperature": 0, "stream": True}
+    reads, raw = 0, b""
+    with client.stream("POST", base_url + "/v1/responses", json=body, timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        for chunk in resp.iter_raw():
+            reads += 1
+            raw += chunk
+    events = [json.loads(line[len("data: "):]) for line in raw.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.completed", events[-1]
+    return [e["delta"] for e in events if e["type"] == "response.output_text.delta"], reads
+
+
+def test_responses_stream_and_tokenize_through_nginx(nginx_single: Nginx, gateway: ServerProcess) -> None:
+    """/v1/responses streams through nginx event by event (many reads, not one at the end; it
+    shares the generation location's long timeouts); /tokenize, at the root as in `vllm serve`,
+    is proxied too."""
+    with httpx.Client() as client:
+        direct, _ = responses_stream(client, gateway.base_url)
+        proxied, reads = responses_stream(client, nginx_single.base_url)
+        assert proxied == direct and len(proxied) >= 24
+        assert reads >= len(proxied) // 2, (reads, len(proxied))
+        r = client.post(nginx_single.base_url + "/tokenize", json={"prompt": "Hello world"}, timeout=30)
+        assert r.status_code == 200 and r.json()["count"] == 2
+
+
 def test_rate_limit_answers_429_in_openai_shape(nginx_single: Nginx) -> None:
     """60 requests at once from one client address (127.0.0.3): the burst passes, the rest get
     429 with an OpenAI error body and Retry-After; another client (127.0.0.1) is unaffected."""

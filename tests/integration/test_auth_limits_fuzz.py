@@ -138,14 +138,16 @@ def test_openapi_describes_every_route(keyed: ServerProcess) -> None:
     doc = httpx.get(keyed.base_url + "/openapi.json", headers=headers(API_KEY)).json()
     paths = doc["paths"]
     for path, method in [("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"),
+                         ("/v1/responses", "post"), ("/tokenize", "post"), ("/detokenize", "post"),
                          ("/health", "get"), ("/ready", "get"), ("/metrics", "get"), ("/admin/status", "get")]:
         assert method in paths[path], path
     schemas = doc["components"]["schemas"]
     for name in ("CompletionRequest", "ChatCompletionRequest", "CompletionResponse", "ChatCompletionResponse",
-                 "ErrorResponse", "ModelList"):
+                 "ErrorResponse", "ModelList", "ResponsesRequest", "ResponseObject", "TokenizeRequest",
+                 "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse"):
         assert name in schemas
-    post = paths["/v1/completions"]["post"]
-    assert {"400", "401", "404", "413", "503"} <= set(post["responses"])
+    for path in ("/v1/completions", "/v1/responses", "/tokenize"):
+        assert {"400", "401", "404", "413", "503"} <= set(paths[path]["post"]["responses"])
     assert "prompt" in schemas["CompletionRequest"]["properties"]
 
 
@@ -160,13 +162,13 @@ def bound_generation(case) -> None:  # type: ignore[no-untyped-def]
     if not isinstance(case.body, dict):
         return
     capped = False
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = case.body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > FUZZ_MAX_TOKENS:
             case.body[key] = FUZZ_MAX_TOKENS
         capped |= key in case.body
-    if not capped:
-        case.body["max_tokens"] = FUZZ_MAX_TOKENS
+    if not capped:  # each route ignores the other routes' name (unknown fields are accepted)
+        case.body["max_tokens"] = case.body["max_output_tokens"] = FUZZ_MAX_TOKENS
 
 
 def check_response(case, base_url: str) -> int:  # type: ignore[no-untyped-def]

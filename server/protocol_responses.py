@@ -1,0 +1,173 @@
+"""`/v1/responses` wire models (OpenAI Responses API, text only, no tools, nothing stored).
+
+The response object carries the fields the OpenAI SDK's `Response` model reads and `vllm serve`
+sends, less vLLM's own plumbing (see tests/integration/test_vllm_parity_responses.py for the
+deliberate differences). Streams are SSE `event: <type>` + `data: <event>` pairs, each event
+numbered by `sequence_number`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.protocol import ApiRequest
+
+
+class InputText(BaseModel):
+    """A text part of an input message; `output_text` is how earlier assistant turns come back."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+
+
+class ResponsesRequest(ApiRequest):
+    """`POST /v1/responses` body. Sampling extensions beyond OpenAI's are those vLLM accepts here too."""
+
+    model: str | None = None
+    input: str | list[InputMessage] = Field(..., description="A user message as text, or a list of messages.")
+    instructions: str | None = Field(None, description="A system message put before `input`.")
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stream: bool = False
+    store: bool = Field(True, description="Accepted and ignored, as by `vllm serve`: responses are never stored.")
+    metadata: dict[str, str] | None = None
+    previous_response_id: str | None = Field(
+        None, description="Refused (404, like an unknown id): responses are not stored, so none can be continued.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet: a non-empty list is refused (400).")
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] | None = None
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=lambda: int(time.time()))
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    incomplete_details: IncompleteDetails | None = None
+    model: str
+    output: list[OutputMessage] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] | None = None
+    max_output_tokens: int
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    tools: list[Any] = Field(default_factory=list)
+    tool_choice: Literal["none"] = "none"
+    parallel_tool_calls: bool = True
+    max_tool_calls: int | None = None
+    background: bool = False
+    previous_response_id: str | None = None
+    prompt: Any = None
+    reasoning: Any = None
+    service_tier: Literal["auto"] = "auto"
+    text: Any = None
+    top_logprobs: int | None = None
+    truncation: Literal["disabled"] = "disabled"
+    user: str | None = None
+
+
+# -- stream events --------------------------------------------------------------------------
+
+
+class StreamEvent(BaseModel):
+    type: str
+    sequence_number: int
+
+
+class ResponseEvent(StreamEvent):
+    """response.created / response.in_progress / response.completed."""
+
+    response: ResponseObject
+
+
+class OutputItemEvent(StreamEvent):
+    """response.output_item.added / response.output_item.done."""
+
+    output_index: int = 0
+    item: OutputMessage
+
+
+class ContentPartEvent(StreamEvent):
+    """response.content_part.added / response.content_part.done."""
+
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    part: OutputText
+
+
+class TextDeltaEvent(StreamEvent):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class TextDoneEvent(StreamEvent):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    text: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+# A failed stream's last event, `error`, is built by server.errors.responses_error_event.
