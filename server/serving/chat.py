@@ -30,6 +30,7 @@ from server.serving.common import (
     check_logprobs,
     check_model,
     guarded,
+    prompt_chars,
     resolve_max_tokens,
     sampling_options,
     serve_on_lease,
@@ -146,6 +147,7 @@ class ChatService(GenerationService):
             self.holder, prepare,
             (lambda stream: self._stream(req, request_id, stream, stats)) if req.stream else None,
             lambda stream: self._complete(req, request_id, stream, stats),
+            text_chars=prompt_chars(req.messages),
         )
 
     async def _complete(

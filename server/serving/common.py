@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
 from server.holder import EngineHolder
@@ -26,6 +30,30 @@ from server.settings import LimitSettings
 logger = logging.getLogger("llm_gateway.serving")
 
 DONE_EVENT = "data: [DONE]\n\n"
+
+# Above this many characters of prompt text, the chat template and the tokenizer run in a worker
+# thread: a 4,096-token prompt takes milliseconds to tokenize, and on the event loop that time
+# stalls every other stream. Below it the thread hop costs more than the work. One thread, as in
+# `vllm serve`: tokenizers release the GIL while they encode, and one queue keeps long prompts
+# from crowding out the loop's own work.
+OFFLOAD_PROMPT_CHARS = 4096
+_PREPARE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-tokenize")
+
+
+def prompt_chars(value: Any) -> int:
+    """Characters of text in a prompt-like value: strings, lists, dicts, request models; token
+    ids count 0 (they need no tokenizer)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        if value and isinstance(value[0], int):
+            return 0
+        return sum(prompt_chars(v) for v in value)
+    if isinstance(value, dict):
+        return sum(prompt_chars(v) for v in value.values())
+    if isinstance(value, BaseModel):
+        return sum(prompt_chars(v) for v in value.__dict__.values())
+    return 0
 
 
 @dataclass
@@ -58,14 +86,20 @@ async def serve_on_lease(
     prepare: Callable[[Engine], Prepared],
     stream: Callable[[Prepared], AsyncIterator[str]] | None,
     complete: Callable[[Prepared], Awaitable[Result]],
+    *,
+    text_chars: int = 0,
 ) -> Result | EventStream:
     """Take an engine lease, `prepare` the request on it (client errors surface here, before any
     byte is sent), then either hand the lease to the returned EventStream (released when the
-    stream ends, however it ends) or `complete` the request and release it."""
+    stream ends, however it ends) or `complete` the request and release it. `text_chars` (the
+    prompt's text size) above OFFLOAD_PROMPT_CHARS moves `prepare` off the event loop."""
     lease = AsyncExitStack()
     engine = await lease.enter_async_context(holder.lease())
     try:
-        prepared = prepare(engine)
+        if text_chars > OFFLOAD_PROMPT_CHARS:
+            prepared = await asyncio.get_running_loop().run_in_executor(_PREPARE_THREAD, prepare, engine)
+        else:
+            prepared = prepare(engine)
     except BaseException:
         await lease.aclose()
         raise

@@ -30,6 +30,7 @@ from server.serving.common import (
     check_model,
     check_token_ids,
     guarded,
+    prompt_chars,
     resolve_max_tokens,
     sampling_options,
     serve_on_lease,
@@ -157,6 +158,7 @@ class CompletionService(GenerationService):
         return await serve_on_lease(
             self.holder, prepare, stream if req.stream else None,
             lambda prepared: self._complete(req, request_id, *prepared, stats),
+            text_chars=prompt_chars(req.prompt),
         )
 
     async def _complete(

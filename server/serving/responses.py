@@ -37,6 +37,7 @@ from server.serving.common import (
     RequestStats,
     check_model,
     guarded,
+    prompt_chars,
     resolve_max_tokens,
     sampling_options,
     serve_on_lease,
@@ -132,6 +133,7 @@ class ResponsesService(GenerationService):
             self.holder, prepare,
             (lambda prepared: self._stream(req, request_id, prepared, stats)) if req.stream else None,
             lambda prepared: self._complete(req, request_id, prepared, stats),
+            text_chars=prompt_chars(req.input) + prompt_chars(req.instructions),
         )
 
     def _response(self, req: ResponsesRequest, request_id: str, options: SamplingOptions, *,

@@ -11,7 +11,7 @@ from server.errors import InvalidRequestError
 from server.holder import EngineHolder
 from server.protocol_tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from server.serving.chat import chat_message_dicts, chat_prompt_ids
-from server.serving.common import check_model, check_token_ids, serve_on_lease
+from server.serving.common import check_model, check_token_ids, prompt_chars, serve_on_lease
 
 
 def tokenize_ids(engine: Engine, req: TokenizeRequest) -> list[int]:
@@ -50,7 +50,8 @@ async def tokenize(holder: EngineHolder, req: TokenizeRequest) -> TokenizeRespon
     async def done(response: TokenizeResponse) -> TokenizeResponse:
         return response
 
-    return await serve_on_lease(holder, prepare, None, done)  # type: ignore[return-value]
+    return await serve_on_lease(holder, prepare, None, done,  # type: ignore[return-value]
+                                text_chars=prompt_chars(req.prompt) + prompt_chars(req.messages))
 
 
 async def detokenize(holder: EngineHolder, req: DetokenizeRequest) -> DetokenizeResponse:
@@ -62,4 +63,6 @@ async def detokenize(holder: EngineHolder, req: DetokenizeRequest) -> Detokenize
     async def done(response: DetokenizeResponse) -> DetokenizeResponse:
         return response
 
-    return await serve_on_lease(holder, prepare, None, done)  # type: ignore[return-value]
+    # a long id list decodes to a long text: off the loop like a long prompt (ids ~ 4 chars each)
+    return await serve_on_lease(holder, prepare, None, done,  # type: ignore[return-value]
+                                text_chars=4 * len(req.tokens))

@@ -49,3 +49,19 @@ def test_bad_input_is_a_400_naming_the_field(http: httpx.Client) -> None:
                               ("/tokenize", {"messages": []}, "messages")):
         r = http.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_long_text_prompts_are_tokenized_off_the_loop_and_unchanged(http: httpx.Client, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Above OFFLOAD_PROMPT_CHARS the template and tokenizer run in a worker thread: same ids."""
+    from server.serving.common import OFFLOAD_PROMPT_CHARS
+
+    text = " ".join(f"item {i} of the list," for i in range(OFFLOAD_PROMPT_CHARS // 10))
+    assert len(text) > OFFLOAD_PROMPT_CHARS
+    r = http.post("/tokenize", json={"prompt": text})
+    assert r.json()["tokens"] == tokenizer(text).input_ids
+    messages = [{"role": "user", "content": text + " Which item comes first?"}]
+    chat = http.post("/v1/chat/completions", json={"model": SERVED_NAME, "messages": messages,
+                                                   "max_tokens": 4, "temperature": 0})
+    assert chat.status_code == 200, chat.text
+    counted = http.post("/tokenize", json={"messages": messages}).json()["count"]
+    assert chat.json()["usage"]["prompt_tokens"] == counted
