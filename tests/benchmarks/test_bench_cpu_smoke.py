@@ -51,3 +51,19 @@ def test_gpu_reload_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
         assert r["window"]["requests"] > 0
     run = [r for r in recs if r["kind"] == "run"][0]
     assert run["requests"] > 0 and run["failed"] == 0, json.dumps(run)
+
+
+def test_frontend_capacity_runs_two_trees_side_by_side(tmp_path: Path) -> None:
+    """The scripted-engine capacity benchmark (no model, seconds): this tree twice, interleaved."""
+    out = tmp_path / "capacity.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "frontend_capacity.py"), "--tree", f"a={ROOT}",
+         "--tree", f"b={ROOT}", "--rounds", "2", "--concurrency", "4", "--requests", "16",
+         "--output-tokens", "8", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["summary"]) == {"a", "b"} and doc["summary"]["a"]["vs_a"] == 1.0
+    for name in ("a", "b"):
+        assert [r["round"] for r in doc["runs"][name]] == [0, 1]
+        assert all(r["failed"] == 0 and r["out_tok_s"] > 0 for r in doc["runs"][name])
