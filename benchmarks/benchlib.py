@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,16 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         section, name = key.split(".", 1)
         out.setdefault(section, {})[name] = yaml.safe_load(raw)
     return out
+
+
+def rpc_dir(workdir: Path, name: str) -> Path:
+    """A directory for vLLM's IPC sockets (VLLM_RPC_BASE_PATH): under `workdir` when the socket
+    paths fit a Unix socket's 107 characters (a 36-character id is added), else a fresh one in /tmp
+    (pytest's tmp paths grow past it)."""
+    preferred = workdir / name
+    path = preferred if len(str(preferred)) + 45 <= 107 else Path(tempfile.mkdtemp(prefix=f"{name}-", dir="/tmp"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def gpu_model_dir(default: Path) -> Path:

@@ -47,6 +47,7 @@ from benchlib import ROOT  # noqa: E402
 WAYS = ("inproc", "gateway", "vllm")
 WAY_LABEL = {"inproc": "in-process AsyncLLM", "gateway": "gateway (loadtest)", "vllm": "vllm serve (loadtest)"}
 # Goals from issue 9 part 2
+CELL_DONE = "[inproc] cell done"  # the child's answer to each cell it read from stdin
 GOAL_VS_INPROC = 0.97
 GOAL_VS_VLLM = 1.00
 GOAL_TTFT_P50_MS = 2.0
@@ -213,165 +214,80 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 
 # ----------------------------------------------------------------------------- in-process child
-def inproc_child(a: argparse.Namespace) -> None:
-    """AsyncLLM in this process: the loadtest closed loop without HTTP; writes result lines."""
-    import asyncio
-
-    from loadtest.metrics import summarize
-    from loadtest.records import RequestRecord
-    from loadtest.workloads import RandomWorkload, random_specs
-    from server.engine import engine_args_kwargs, prepare_engine_environment
-    from server.settings import load_settings
-
-    settings = load_settings(a.profile)
-    prepare_engine_environment(settings)
-    kwargs = engine_args_kwargs(settings)
-    deadline = float(a.deadline_at)
-    t0 = time.monotonic()
-
-    import vllm
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), usage_context=UsageContext.OPENAI_API_SERVER)
-    start_s = time.monotonic() - t0
-    print(f"[inproc] engine up in {start_s:.1f}s (vLLM {vllm.__version__})", flush=True)
-
-    def sampling(max_tokens: int) -> SamplingParams:
-        # what the gateway builds for the loadtest body (temperature 0, ignore_eos, stream)
-        return SamplingParams(n=1, max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                              skip_special_tokens=True, output_kind=RequestOutputKind.DELTA)
-
-    async def one(prompt: list[int], max_tokens: int, rec: RequestRecord, clock_zero: float, rid: str) -> None:
-        start = time.perf_counter()
-        rec.sent_s = start - clock_zero
-        last = start
-        n_out = 0
-        try:
-            async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), sampling(max_tokens), rid):
-                now = time.perf_counter()
-                toks = len(out.outputs[0].token_ids) if out.outputs else 0
-                if toks:
-                    if rec.ttft_s is None:
-                        rec.ttft_s = now - start
-                    else:
-                        rec.itl_s.append(now - last)
-                    last = now
-                    rec.chunks += 1
-                    n_out += toks
-            rec.status = 200
-        except Exception as exc:  # a failure is a record, as in loadtest
-            rec.error = repr(exc)[:300]
-        rec.latency_s = time.perf_counter() - start
-        rec.prompt_tokens = len(prompt)
-        rec.completion_tokens = n_out
-
-    async def closed_loop(specs, width: int, count: int, tag: str):  # noqa: ANN001, ANN202
-        clock_zero = time.perf_counter()
-        records: list[RequestRecord] = []
-        counter = iter(range(10**9))
-
-        async def worker() -> None:
-            while True:
-                i = next(counter)
-                if i >= count:
-                    return
-                rec = RequestRecord(index=i, scheduled_s=time.perf_counter() - clock_zero)
-                spec = specs[i % len(specs)]
-                rec.input_tokens_requested, rec.max_tokens = spec.input_tokens, spec.max_tokens
-                await one(list(spec.prompt), spec.max_tokens, rec, clock_zero, f"{tag}-{i}")
-                records.append(rec)
-
-        await asyncio.gather(*(worker() for _ in range(max(1, min(width, count)))))
-        records.sort(key=lambda r: r.index)
-        duration = max((r.sent_s + (r.latency_s or 0.0) for r in records), default=0.0)
-        return records, duration
-
-    async def main() -> None:
-        for c in [int(x) for x in a.concurrency.split(",")]:
-            if time.time() > deadline - a.min_left_s / 4:
-                print(f"[inproc] c={c} skipped: deadline", flush=True)
-                break
-            n = requests_for(c, a.requests)
-            wl = RandomWorkload(input_len=a.input_tokens, output_len=a.output_tokens, vocab_size=a.vocab_size)
-            seed = seed_for(a.seed, c)
-            warm = random_specs(wl, c, seed + 1)  # loadtest's --warmup c uses seed + 1 too
-            specs = random_specs(wl, n, seed)
-            await closed_loop(warm, c, len(warm), f"w{c}")
-            records, duration = await closed_loop(specs, c, n, f"r{c}")
-            rec = result_line("inproc", c, summarize(records, duration), requests=n, warmup=c,
-                              engine_start_s=round(start_s, 1), vllm=vllm.__version__, **json.loads(a.meta))
-            benchlib.append_jsonl(Path(a.out), rec)
-            print(f"[inproc] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
-                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms", flush=True)
-
-    asyncio.run(main())
-    sys.stdout.flush()
-    os._exit(0)  # skip engine teardown: the parent ends the process group
-
-
 # --------------------------------------------------------------------------------------- parent
-def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workdir: Path,  # noqa: ANN001
-                 t_end: float, meta: dict[str, Any]) -> None:
+def start_http_server(way: str, settings, profile: Path, workdir: Path, t_end: float):  # noqa: ANN001, ANN201
+    """The gateway or `vllm serve` on the profile, ready; returns (server, seconds to ready)."""
     from server.engine import engine_args_kwargs
 
     port = benchlib.free_port()
-    dirs = {"VLLM_RPC_BASE_PATH": workdir / f"{way}-run", "TMPDIR": workdir / f"{way}-tmp"}
+    dirs = {"VLLM_RPC_BASE_PATH": benchlib.rpc_dir(workdir, f"{way}-run"), "TMPDIR": workdir / f"{way}-tmp"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = benchlib.clean_env({**settings.engine.env, **{k: str(v) for k, v in dirs.items()}})
     env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
     if way == "gateway":
         cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
-        ready_path = "/ready"
     else:
         cmd = vllm_serve_cmd(engine_args_kwargs(settings), port)
-        ready_path = "/health"
-    log = workdir / f"{way}.log"
     print(f"[{way}] starting: {' '.join(cmd)}", flush=True)
-    server = benchlib.start_server(way, cmd, log, port, env)
+    server = benchlib.start_server(way, cmd, workdir / f"{way}.log", port, env)
     try:
-        start_s = server.wait_ready(ready_path, max(1.0, t_end - time.monotonic()))
-        print(f"[{way}] ready in {start_s:.1f}s", flush=True)
+        start_s = server.wait_ready("/ready" if way == "gateway" else "/health", max(1.0, t_end - time.monotonic()))
+    except BaseException:
+        server.stop(grace_s=30)
+        raise
+    print(f"[{way}] ready in {start_s:.1f}s", flush=True)
+    return server, start_s
+
+
+def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workdir: Path, t_end: float,  # noqa: ANN001
+              meta: dict[str, Any], *, rep: int = 0, workers: int | None = None) -> dict[str, Any] | None:
+    """One loadtest run against `server`; its result line (appended to --out), None if it failed."""
+    workers = a.loadtest_workers if workers is None else workers
+    n = requests_for(c, a.requests)
+    raw = workdir / f"{way}-c{c}-r{rep}-w{workers}.json"
+    cmd_lt = loadtest_cmd(server.base_url, model, c, n, c, a.input_tokens, a.output_tokens, a.vocab_size,
+                          seed_for(a.seed + 100 * rep, c), raw, workers=workers)
+    with (workdir / f"{way}-loadtest.log").open("a") as lf:
+        lf.write(f"\n==== {' '.join(cmd_lt)}\n")
+        lf.flush()
+        try:
+            subprocess.run(cmd_lt, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, env=benchlib.clean_env(),
+                           timeout=max(1.0, t_end - time.monotonic()), check=True)
+        except subprocess.TimeoutExpired:
+            print(f"[{way}] c={c}: loadtest stopped at the deadline", flush=True)
+            return None
+        except subprocess.CalledProcessError as exc:
+            print(f"[{way}] c={c}: loadtest exited {exc.returncode} (see {lf.name})", flush=True)
+            return None
+    summary = json.loads(raw.read_text())["runs"][0]["summary"]
+    shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]
+    shown[shown.index("--out") + 1] = "$RAW.json"
+    shown[0] = "python"
+    rec = result_line(way, c, summary, requests=n, warmup=c, repeat=rep,
+                      loadtest_workers=client_workers(c, workers), loadtest_cmd=" ".join(shown), raw=raw.name, **meta)
+    benchlib.append_jsonl(a.out, rec)
+    print(f"[{way}] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
+          f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms, "
+          f"failed {rec['failed']}", flush=True)
+    return rec
+
+
+def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workdir: Path,  # noqa: ANN001
+                 t_end: float, meta: dict[str, Any]) -> None:
+    try:
+        server, start_s = start_http_server(way, settings, profile, workdir, t_end)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[{way}] failed: {str(exc)[:3000]}", flush=True)
+        return
+    try:
         for c in [int(x) for x in a.concurrency.split(",")]:
             left = t_end - time.monotonic()
             if left < a.min_left_s / 4:
                 print(f"[{way}] c={c} skipped: {left:.0f}s left", flush=True)
                 break
-            n = requests_for(c, a.requests)
-            raw = workdir / f"{way}-c{c}.json"
-            cmd_lt = loadtest_cmd(server.base_url, settings.served_model_name, c, n, c, a.input_tokens,
-                                  a.output_tokens, a.vocab_size, seed_for(a.seed, c), raw,
-                                  workers=a.loadtest_workers)
-            with (workdir / f"{way}-loadtest.log").open("a") as lf:
-                lf.write(f"\n==== {' '.join(cmd_lt)}\n")
-                lf.flush()
-                try:
-                    subprocess.run(cmd_lt, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT,
-                                   env=benchlib.clean_env(), timeout=max(1.0, t_end - time.monotonic()),
-                                   check=True)
-                except subprocess.TimeoutExpired:
-                    print(f"[{way}] c={c}: loadtest stopped at the deadline", flush=True)
-                    break
-                except subprocess.CalledProcessError as exc:
-                    print(f"[{way}] c={c}: loadtest exited {exc.returncode} (see {lf.name})", flush=True)
-                    continue
-            summary = json.loads(raw.read_text())["runs"][0]["summary"]
-            shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]
-            shown[shown.index("--out") + 1] = "$RAW.json"
-            shown[0] = "python"
-            rec = result_line(way, c, summary, requests=n, warmup=c, engine_start_s=round(start_s, 1),
-                              loadtest_workers=client_workers(c, a.loadtest_workers),
-                              loadtest_cmd=" ".join(shown), raw=raw.name, **meta)
-            benchlib.append_jsonl(a.out, rec)
-            print(f"[{way}] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
-                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms, "
-                  f"failed {rec['failed']}", flush=True)
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"[{way}] failed: {str(exc)[:3000]}", flush=True)
+            http_cell(way, server, c, a, settings.served_model_name, workdir, t_end,
+                      {**meta, "engine_start_s": round(start_s, 1)})
     finally:
         server.stop(grace_s=30)
         if a.device == "gpu":
@@ -379,7 +295,8 @@ def run_http_way(way: str, a: argparse.Namespace, settings, profile: Path, workd
 
 
 def run_inproc_way(a: argparse.Namespace, profile: Path, workdir: Path, t_end: float, meta: dict[str, Any]) -> None:
-    env = benchlib.clean_env({"VLLM_RPC_BASE_PATH": str(workdir / "inproc-run"), "TMPDIR": str(workdir / "inproc-tmp")})
+    env = benchlib.clean_env({"VLLM_RPC_BASE_PATH": str(benchlib.rpc_dir(workdir, "inproc-run")),
+                              "TMPDIR": str(workdir / "inproc-tmp")})
     for key in ("VLLM_RPC_BASE_PATH", "TMPDIR"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
@@ -429,6 +346,7 @@ def main() -> None:
                     help="also write {meta, results} of this run's lines here (for benchmarks/results/)")
     ap.add_argument("--table", nargs="*", type=Path, help="print the table from result files and exit")
     ap.add_argument("--child-inproc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cells-stdin", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", help=argparse.SUPPRESS)
     ap.add_argument("--deadline-at", help=argparse.SUPPRESS)
     ap.add_argument("--meta", default="{}", help=argparse.SUPPRESS)
@@ -438,7 +356,9 @@ def main() -> None:
         print(table(benchlib.load_jsonl(a.table)))
         return
     if a.child_inproc:
-        inproc_child(a)
+        import inproc_way
+
+        inproc_way.inproc_child(a)
         return
 
     t_end = time.monotonic() + a.deadline_s

@@ -10,16 +10,27 @@
 # engines plus ~40 s of load each need ~330 s warm, so on a fresh machine plan TWO calls: the first
 # (cold compile) measures what fits, the second, same machine, gives the complete three-way table.
 # Knobs (environment): WAYS (inproc,gateway,vllm), CONCURRENCY (1,32,256), REQUESTS (2 x c, >= 16),
-# INPUT_TOKENS (512), OUTPUT_TOKENS (256), CALL_LIMIT_S (600), EXTRA (more http_overhead.py flags).
+# INPUT_TOKENS (512), OUTPUT_TOKENS (256), CALL_LIMIT_S (600), EXTRA (more http_overhead.py flags);
+# INTERLEAVED=1 runs http_interleaved.py instead (REPEATS 3, WORKERS 4 load-client processes): the three
+# engines up at once at gpu_memory_utilization 0.3, each cell interleaving the ways, then the client check.
 set -uo pipefail
 source benchmarks/gpu/device-env.sh
 work=/tmp/part2-work; mkdir -p "$work"
+if [ -n "${INTERLEAVED:-}" ]; then  # issue 14: all engines up at once, cells interleaved, client check
+  python3 benchmarks/http_interleaved.py --device gpu --deadline-s "$deadline" --repeats "${REPEATS:-3}" \
+    --ways "${WAYS:-inproc,gateway,vllm}" --concurrency "${CONCURRENCY:-1,32,256}" --loadtest-workers "${WORKERS:-4}" \
+    ${REQUESTS:+--requests "$REQUESTS"} --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \
+    --out "$OUT/part2.jsonl" --workdir "$work" \
+    --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, token-id prompts, interleaved" \
+    --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"
+else
 python3 benchmarks/http_overhead.py --device gpu --deadline-s "$deadline" --min-left-s 100 \
   --ways "${WAYS:-inproc,gateway,vllm}" --concurrency "${CONCURRENCY:-1,32,256}" \
   ${REQUESTS:+--requests "$REQUESTS"} --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \
   --out "$OUT/part2.jsonl" --workdir "$work" --run-id "h200-part2-$(date -u +%H%M%S)" \
   --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, token-id prompts" \
   --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"
+fi
 # One archive: a call returns at most 8 files, and loose logs beyond that were dropped silently.
-tar czf "$OUT/part2-work.tar.gz" --exclude=gemma-4-e2b-synth -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
+tar czf "$OUT/part2-work.tar.gz" --exclude=gemma-4-e2b-synth --exclude='*.csv' --exclude='*-r[0-9]*-w[0-9]*.json' -C "$(dirname "$work")" "$(basename "$work")" 2>/dev/null
 echo "part2 done after $(( SECONDS - t0 ))s"

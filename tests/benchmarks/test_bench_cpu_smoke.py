@@ -67,3 +67,27 @@ def test_frontend_capacity_runs_two_trees_side_by_side(tmp_path: Path) -> None:
     for name in ("a", "b"):
         assert [r["round"] for r in doc["runs"][name]] == [0, 1]
         assert all(r["failed"] == 0 and r["out_tok_s"] > 0 for r in doc["runs"][name])
+
+
+@pytest.mark.slow
+def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    """Three engines up at once, every cell interleaving the ways; medians, ratios, client check."""
+    out, doc = tmp_path / "i.jsonl", tmp_path / "i.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu",
+         "--concurrency", "1,4", "--repeats", "2", "--requests", "4", "--input-tokens", "32",
+         "--output-tokens", "8", "--loadtest-workers", "2", "--out", str(out), "--doc", str(doc),
+         "--workdir", str(tmp_path / "work"), "--deadline-s", "800"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recs = benchlib.load_jsonl([out])
+    timed = [r for r in recs if not r.get("client_check")]
+    assert sorted((r["way"], r["concurrency"], r["repeat"]) for r in timed) == sorted(
+        (w, c, rep) for w in ("inproc", "gateway", "vllm") for c in (1, 4) for rep in (0, 1))
+    assert all(r["failed"] == 0 and r["total_output_tokens"] == 4 * 8 for r in recs), recs
+    checks = json.loads(doc.read_text())["meta"]["client_checks"]
+    assert {c["way"] for c in checks} == {"gateway", "vllm"} and all(c["workers_doubled"] == 4 for c in checks)
+    summary = json.loads(doc.read_text())["meta"]["summary"]
+    assert {(r["way"], r["concurrency"]) for r in summary if r["repeats"] == 2} == {
+        (w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 4)}
+    assert "| 4 | gateway (loadtest) | 2 |" in proc.stdout

@@ -163,3 +163,25 @@ def test_synthetic_tokenizer(tmp_path: Path) -> None:
     text = tok.decode([300, 301, 15000])
     assert text and text.isascii() and "\ufffd" not in text
     assert (out / "config.json").is_file()
+
+
+def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() -> None:
+    import http_interleaved
+
+    def rec(way: str, c: int, tok: float, rep: int, **extra: object) -> dict:
+        return {"bench": "http_overhead", "way": way, "concurrency": c, "output_token_throughput": tok,
+                "ttft_p50_ms": 10.0 + rep, "failed": 0, "repeat": rep, **extra}
+
+    recs = [rec("inproc", 32, t, i) for i, t in enumerate((100.0, 90.0, 110.0))]
+    recs += [rec("gateway", 32, t, i) for i, t in enumerate((99.0, 80.0, 120.0))]
+    recs += [rec("vllm", 32, t, i) for i, t in enumerate((50.0, 60.0, 40.0))]
+    recs.append(rec("gateway", 32, 500.0, 3, client_check=True))  # not a repeat
+    rows = {r["way"]: r for r in http_interleaved.summarize(recs)}
+    assert rows["gateway"]["out_tok_s_median"] == 99.0 and rows["gateway"]["repeats"] == 3
+    assert (rows["gateway"]["out_tok_s_min"], rows["gateway"]["out_tok_s_max"]) == (80.0, 120.0)
+    assert rows["gateway"]["vs_inproc"] == 0.99 and rows["gateway"]["vs_vllm"] == 1.98
+    assert rows["inproc"]["ttft_p50_ms_median"] == 11.0
+    text = http_interleaved.table(list(rows.values()), [
+        {"way": "gateway", "concurrency": 32, "workers": 4, "workers_doubled": 8, "change": 0.051}])
+    assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) |" in text
+    assert "+5.1% (THE CLIENT LIMITS THIS RUN)" in text

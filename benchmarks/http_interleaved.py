@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Gateway vs in-process vs `vllm serve`, every engine up at once, cells interleaved (issue 14).
+
+http_overhead.py runs the ways one after another, so drift between them (tens of percent between
+H200 runs) lands in the ratios. Here the three engines start once, side by side on one device
+(`engine.gpu_memory_utilization` 0.3 each on the GPU; only the way being measured has work), and
+each (concurrency, repeat) cell runs every way in turn, the order rotating, so the ways share the
+machine's drift. Same profile, prompts (seed per concurrency and repeat), loadtest command and
+result lines as http_overhead.py (its `inproc` child reads cells from stdin).
+
+Then the client check (issue 14, goal 0): at the largest concurrency each HTTP way runs once more
+with twice the load-client processes; if the total moves by 3% or more, the client was a
+bottleneck and the run says so.
+
+Reported: per (way, concurrency) the median out tok/s and TTFT p50 over the repeats with the
+spread, the ratios of medians to in-process and to `vllm serve`, and the goal check.
+
+    # GPU, one device call (vLLM 0.26 on PYTHONPATH): benchmarks/gpu/part2.sh with INTERLEAVED=1
+    python3 benchmarks/http_interleaved.py --repeats 3 --loadtest-workers 4 --deadline-s 540 --out $OUT/i.jsonl
+    # CPU smoke with the embedded model
+    .venv/bin/python benchmarks/http_interleaved.py --device cpu --concurrency 1,2 --repeats 2 \\
+        --requests 4 --input-tokens 32 --output-tokens 8 --out /tmp/i.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+import http_overhead as ho  # noqa: E402
+from benchlib import ROOT  # noqa: E402
+
+CLIENT_CHECK_LIMIT = 0.03  # doubling the client processes may move the total by less than this
+
+
+class InprocCells:
+    """The in-process way's child, kept up and fed one cell at a time."""
+
+    def __init__(self, a: argparse.Namespace, profile: Path, workdir: Path, t_end: float, meta: dict[str, Any]):
+        env = benchlib.clean_env({"VLLM_RPC_BASE_PATH": str(benchlib.rpc_dir(workdir, "inproc-run")),
+                                  "TMPDIR": str(workdir / "inproc-tmp")})
+        for key in ("VLLM_RPC_BASE_PATH", "TMPDIR"):
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+        env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+        cmd = [sys.executable, str(Path(ho.__file__).resolve()), "--child-inproc", "--cells-stdin",
+               "--profile", str(profile), "--out", str(a.out), "--input-tokens", str(a.input_tokens),
+               "--output-tokens", str(a.output_tokens), "--vocab-size", str(a.vocab_size), "--seed", str(a.seed),
+               "--deadline-at", str(time.time() + (t_end - time.monotonic())), "--min-left-s", "0",
+               "--meta", json.dumps(meta)] + (["--requests", str(a.requests)] if a.requests else [])
+        self.log = (workdir / "inproc.log").open("a")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+
+    def _until(self, marker: str) -> bool:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.write(line)
+            if line.startswith("[inproc]"):
+                print(line.rstrip()[:400], flush=True)
+            if line.startswith(marker):
+                return True
+        return False  # the child exited
+
+    def ready(self) -> bool:
+        return self._until("[inproc] engine up")
+
+    def cell(self, c: int, rep: int) -> bool:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{c} {rep}\n")
+        self.proc.stdin.flush()
+        return self._until(ho.CELL_DONE)
+
+    def stop(self) -> None:
+        benchlib.stop_group(self.proc, grace_s=1)
+        self.log.close()
+
+
+def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Median and spread per (way, concurrency) over the repeats; ratios of medians."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in recs:
+        if r.get("bench") == "http_overhead" and not r.get("client_check"):
+            cells.setdefault((r["way"], r["concurrency"]), []).append(r)
+    rows = []
+    for (way, c), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], ho.WAYS.index(kv[0][0]))):
+        tok = [r["output_token_throughput"] for r in rs]
+        ttft = [r["ttft_p50_ms"] for r in rs if r["ttft_p50_ms"] is not None]
+        rows.append({"way": way, "concurrency": c, "repeats": len(rs), "out_tok_s_median": round(statistics.median(tok), 1),
+                     "out_tok_s_min": round(min(tok), 1), "out_tok_s_max": round(max(tok), 1),
+                     "ttft_p50_ms_median": round(statistics.median(ttft), 2) if ttft else None,
+                     "failed": sum(r["failed"] or 0 for r in rs)})
+    by = {(r["way"], r["concurrency"]): r for r in rows}
+    for r in rows:
+        for ref in ("inproc", "vllm"):
+            base = by.get((ref, r["concurrency"]))
+            if base and r["way"] != ref:
+                r[f"vs_{ref}"] = ho.ratio(r["out_tok_s_median"], base["out_tok_s_median"])
+    return rows
+
+
+def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    f = benchlib.fmt_num
+    out = ["| concurrency | way | repeats | out tok/s median (min-max) | TTFT p50 median ms | vs in-process | vs vllm serve | failed |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r['concurrency']} | {ho.WAY_LABEL[r['way']]} | {r['repeats']} | {f(r['out_tok_s_median'])} "
+                   f"({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | {f(r['ttft_p50_ms_median'])} | "
+                   f"{f(r.get('vs_inproc'))} | {f(r.get('vs_vllm'))} | {r['failed']} |")
+    for ck in checks:
+        out.append(f"\nClient check, {ck['way']} at c = {ck['concurrency']}: {ck['workers']} -> {ck['workers_doubled']} "
+                   f"processes moved out tok/s by {ck['change'] * 100:+.1f}% "
+                   f"({'enough clients' if abs(ck['change']) < CLIENT_CHECK_LIMIT else 'THE CLIENT LIMITS THIS RUN'}).")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchlib.add_profile_args(ap, "profile override (repeatable); default on gpu: engine.gpu_memory_utilization=0.3")
+    ap.add_argument("--ways", default=",".join(ho.WAYS))
+    ap.add_argument("--concurrency", default="1,32,256")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--input-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--vocab-size", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loadtest-workers", type=int, default=4)
+    ap.add_argument("--no-client-check", action="store_true")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--out", type=Path, default=Path("http_interleaved.jsonl"))
+    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--deadline-s", type=float, default=540.0)
+    ap.add_argument("--doc", type=Path, default=None)
+    a = ap.parse_args()
+    t_end = time.monotonic() + a.deadline_s
+    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="http-interleaved-"))).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    a.out = a.out.resolve()
+    gpu = a.device == "gpu"
+    config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
+    synth = None
+    if gpu:
+        import synth_tokenizer
+
+        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
+    share = {"engine": {"gpu_memory_utilization": 0.3}} if gpu else {}
+    overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), share),
+                                    benchlib.parse_set(a.set))
+    settings = benchlib.effective_settings(config, overrides)
+    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
+    if a.vocab_size is None:
+        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    meta = {"run_id": run_id, "label": a.label or f"{a.device} interleaved", "device": a.device,
+            "overrides": overrides.get("engine", {}), "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
+            "vocab_size": a.vocab_size, "interleaved": True}
+    ways = a.ways.split(",")
+    concurrencies = [int(x) for x in a.concurrency.split(",")]
+    servers: dict[str, Any] = {}
+    inproc: InprocCells | None = None
+    checks: list[dict[str, Any]] = []
+    try:
+        if "inproc" in ways:  # started first: its engine comes up while the servers start
+            inproc = InprocCells(a, profile, workdir, t_end, meta)
+        for way in (w for w in ways if w != "inproc"):
+            servers[way], start_s = ho.start_http_server(way, settings, profile, workdir, t_end)
+            meta[f"{way}_start_s"] = round(start_s, 1)
+        if inproc is not None and not inproc.ready():
+            raise RuntimeError("the in-process engine did not start (see inproc.log)")
+        turn = 0
+        for rep in range(a.repeats):
+            for c in concurrencies:
+                order = ways[turn % len(ways):] + ways[:turn % len(ways)]
+                turn += 1
+                for way in order:
+                    if time.monotonic() > t_end - 30:
+                        raise TimeoutError("deadline")
+                    if way == "inproc":
+                        assert inproc is not None
+                        if not inproc.cell(c, rep):
+                            raise RuntimeError("the in-process child exited")
+                    else:
+                        ho.http_cell(way, servers[way], c, a, settings.served_model_name, workdir, t_end, meta, rep=rep)
+        if not a.no_client_check:
+            c = max(concurrencies)
+            if ho.client_workers(c, 2 * a.loadtest_workers) == ho.client_workers(c, a.loadtest_workers):
+                servers_to_check: dict[str, Any] = {}  # already one client process per request in flight
+                print(f"[interleaved] client check skipped: c = {c} has no room for more client processes", flush=True)
+            else:
+                servers_to_check = servers
+            for way in servers_to_check:
+                base = [r for r in benchlib.load_jsonl([a.out]) if r.get("run_id") == run_id and r["way"] == way
+                        and r["concurrency"] == c and not r.get("client_check")]
+                doubled = ho.http_cell(way, servers[way], c, a, settings.served_model_name, workdir, t_end,
+                                       {**meta, "client_check": True}, rep=a.repeats,
+                                       workers=2 * a.loadtest_workers)
+                if base and doubled:
+                    median = statistics.median(r["output_token_throughput"] for r in base)
+                    checks.append({"way": way, "concurrency": c, "workers": ho.client_workers(c, a.loadtest_workers),
+                                   "workers_doubled": doubled["loadtest_workers"],
+                                   "change": round(doubled["output_token_throughput"] / median - 1, 4)})
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[interleaved] stopped: {str(exc)[:2000]}", flush=True)
+    finally:
+        if inproc is not None:
+            inproc.stop()
+        for server in servers.values():
+            server.stop(grace_s=30)
+    recs = [r for r in benchlib.load_jsonl([a.out]) if r.get("run_id") == run_id]
+    rows = summarize(recs)
+    print(table(rows, checks), flush=True)
+    if a.doc:
+        doc_meta = {"label": meta["label"], "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+                    "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
+                    "loadavg_at_end": list(os.getloadavg()), "summary": rows, "client_checks": checks}
+        print(f"wrote {benchlib.write_doc(a.doc, doc_meta, recs)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
