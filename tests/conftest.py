@@ -260,6 +260,10 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "--seed", str(profile["seed"]),
         "--disable-uvicorn-access-log",
     ]
+    if profile.get("chat_template"):  # the profile's tool-aware template, as the gateway renders it
+        cmd += ["--chat-template", str(ROOT / "server" / "templates" / profile["chat_template"])]
+    if profile.get("tool_call_parser"):
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", profile["tool_call_parser"]]
     if profile.get("enforce_eager"):
         cmd.append("--enforce-eager")
     if profile.get("enable_prefix_caching") is False:
