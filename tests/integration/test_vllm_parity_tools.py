@@ -8,7 +8,10 @@ Deliberate differences from `vllm serve`:
 - streaming with tools: the gateway holds a choice's text until it finishes, then sends its
   content, one complete `tool_calls` delta per call and the finish (vLLM streams the arguments
   piece by piece); the folded result is the same;
-- an empty content ("" or null) is compared as equal: vLLM 0.26 and 0.32 differ among themselves.
+- an empty content ("" or null) is compared as equal: vLLM 0.26 and 0.32 differ among themselves;
+- a streamed `required` choice cut off by max_tokens: vLLM streams the calls of the unfinished
+  array (the last one with partial arguments), the gateway reads the array once it ends and
+  sends none, as both servers answer the same request unstreamed.
 """
 
 from __future__ import annotations
@@ -82,6 +85,9 @@ def test_same_tool_calls_as_vllm(case: dict[str, Any], gateway: ServerProcess, v
     if ref_status != 200:
         assert ours["error"]["type"] == error_type_as_class_name(ref["error"]["type"], ref_status)
         return
+    if isinstance(ref, list) and case["body"].get("tool_choice") == "required":
+        if any(c["finish_reason"] == "length" for c in fold(ref).values()):
+            pytest.skip("streamed `required` cut off by max_tokens: a listed difference")
     assert fold(ours) == fold(ref)
     if isinstance(ref, dict):
         for c in ours["choices"]:
