@@ -36,6 +36,8 @@ class ToolPlan:
     """The structured-output JSON schema (modes `required` and `named`)."""
     parser: ToolCallParser | None = None
     """The vLLM tool parser (mode `auto`)."""
+    single_call: bool = False
+    """`parallel_tool_calls: false`: only the first call is kept, as `vllm serve` (0.26, 0.32) does."""
 
     @property
     def parses_output(self) -> bool:
@@ -111,6 +113,7 @@ def plan_tools(engine: Engine, req: ChatCompletionRequest) -> ToolPlan:
             plan.schema = engine.tool_choice_schema(tools, choice, req.parallel_tool_calls)
         except ValueError as exc:  # vLLM's own checks of the tools ($defs conflicts, ...)
             raise InvalidRequestError(f"tools: {exc}", param="tools") from exc
+    plan.single_call = req.parallel_tool_calls is False
     return plan
 
 
@@ -177,6 +180,13 @@ def _required_calls(text: str) -> list[ToolCall]:
 
 
 def read_tool_calls(
+    plan: ToolPlan, text: str, finish_reason: str | None
+) -> tuple[str | None, list[ToolCall], str | None]:
+    content, calls, finish_reason = _read_tool_calls(plan, text, finish_reason)
+    return content, calls[:1] if plan.single_call else calls, finish_reason
+
+
+def _read_tool_calls(
     plan: ToolPlan, text: str, finish_reason: str | None
 ) -> tuple[str | None, list[ToolCall], str | None]:
     """(content, tool calls, finish reason) of one finished choice, as `vllm serve` gives them:
