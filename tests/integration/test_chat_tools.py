@@ -79,3 +79,21 @@ def test_tool_result_for_an_unknown_call_is_a_400(client: openai.OpenAI) -> None
         client.chat.completions.create(model=SERVED_NAME, tools=[WEATHER], max_tokens=5, messages=[
             {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_x", "content": "1"}])
     assert info.value.body["param"] == "messages"  # type: ignore[index]
+
+
+def test_tool_calls_finish_reason_is_counted(client: openai.OpenAI, gateway: ServerProcess) -> None:
+    import httpx
+
+    client.chat.completions.create(model=SERVED_NAME, messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                                   tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0)
+    metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    assert any(line.startswith("gateway_request_finish_total{") and 'reason="tool_calls"' in line
+               for line in metrics.splitlines()), metrics[:2000]
+
+
+def test_unknown_tool_parser_names_the_choices() -> None:
+    from server.engine.tool_parsing import check_tool_parser_name
+
+    check_tool_parser_name("hermes")
+    with pytest.raises(ValueError, match="available: .*hermes"):
+        check_tool_parser_name("no-such-parser")
