@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -134,3 +135,15 @@ async def test_tool_choice_none_keeps_text_and_no_tools_renders_none() -> None:
     assert choice["finish_reason"] == "stop"
     await client.post("/v1/chat/completions", json={"messages": ASK})
     assert engine.rendered_tools[-1] is None
+
+
+def test_profile_chat_template_must_exist_and_the_shipped_one_does() -> None:
+    from pydantic import ValidationError
+
+    from server.settings import TEMPLATES_DIR, load_settings
+
+    with pytest.raises(ValidationError, match="engine.chat_template: no file"):
+        EngineProfile(device="cpu", kv_cache_memory_bytes=1, chat_template="missing.jinja")
+    profile = load_settings(Path(__file__).parents[2] / "configs" / "embedded-cpu.yaml").engine
+    assert profile.tool_call_parser == "hermes"
+    assert profile.chat_template_path() == TEMPLATES_DIR / "smollm2-tools.jinja"
