@@ -116,9 +116,13 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """An assistant message's earlier calls (OpenAI's shape; checked in server.serving.tools)."""
+    tool_call_id: str | None = None
+    """A `tool` message: the id of the call it answers."""
 
 
 class JsonSchemaFormat(BaseModel):
@@ -166,6 +170,7 @@ class ChatCompletionRequest(ApiRequest):
     continue_final_message: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class ChatLogprobTop(BaseModel):
@@ -185,10 +190,35 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprobContent] | None = None
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text, as OpenAI sends them."""
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ToolCallFunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallFunctionDelta
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -212,6 +242,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatStreamChoice(BaseModel):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 EMBEDDED_MODEL = "embedded"
+TEMPLATES_DIR = Path(__file__).parent / "templates"
 """The `engine.model` value that means the SmolLM2 model prepared under the state directory."""
 
 EMBEDDED_MODEL_DIRNAME = "smollm2-135m-instruct"
@@ -301,11 +302,23 @@ class EngineProfile(BaseModel):
     max_logprobs: int = Field(20, ge=0)
     """Most logprobs a request may ask for."""
 
+    chat_template: str | None = None
+    """Chat template file replacing the model's: a bare file name is looked up in `server/templates/`."""
+
+    tool_call_parser: str | None = None
+    """vLLM tool parser (e.g. hermes) for `tool_choice` auto; None refuses auto (400)."""
+
     extra_engine_args: dict[str, Any] = Field(default_factory=dict)
     """Any other `AsyncEngineArgs` field, passed through as is (checked against vLLM at start)."""
 
     env: dict[str, str] = Field(default_factory=dict)
     """Environment variables set before vLLM is imported (e.g. VLLM_CPU_NUM_OF_RESERVED_CPU)."""
+
+    def chat_template_path(self) -> Path | None:
+        if self.chat_template is None:
+            return None
+        path = Path(self.chat_template)
+        return path if path.is_absolute() or path.parent != Path(".") else TEMPLATES_DIR / path
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         return self.device if self.device != "auto" else detect_device()
@@ -320,6 +333,8 @@ class EngineProfile(BaseModel):
                     f"engine.speculative_config method {method!r}: vLLM rejects EAGLE-style "
                     "speculative decoding with fast prefill. Turn one of them off."
                 )
+        if (template := self.chat_template_path()) is not None and not template.is_file():
+            raise ValueError(f"engine.chat_template: no file at {template}.")
         if self.resolved_device() == "cpu" and self.kv_cache_memory_bytes is None:
             raise ValueError(
                 "engine.kv_cache_memory_bytes is required for a CPU profile: vLLM's CPU "

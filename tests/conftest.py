@@ -246,6 +246,10 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "VLLM_CACHE_ROOT": str(tmp / "cache"),
         "VLLM_RPC_BASE_PATH": str(tmp / "run"),
         "TMPDIR": str(tmp / "tmp"),
+        # vLLM 0.26 and 0.32 constrain `required`/named tool choice for parsers with an xgrammar
+        # structural tag (hermes, ...) to the model's call syntax by default; the gateway uses
+        # vLLM's JSON-schema path, which this switch selects in `vllm serve`.
+        "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -260,6 +264,10 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "--seed", str(profile["seed"]),
         "--disable-uvicorn-access-log",
     ]
+    if profile.get("chat_template"):  # the profile's tool-aware template, as the gateway renders it
+        cmd += ["--chat-template", str(ROOT / "server" / "templates" / profile["chat_template"])]
+    if profile.get("tool_call_parser"):
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", profile["tool_call_parser"]]
     if profile.get("enforce_eager"):
         cmd.append("--enforce-eager")
     if profile.get("enable_prefix_caching") is False:

@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.engine import ChoiceOutput, EngineInfo, EngineProgress, GenerationOutput, SamplingOptions
+from server.engine import (
+    ChoiceOutput,
+    EngineInfo,
+    EngineProgress,
+    GenerationOutput,
+    ParsedToolCall,
+    SamplingOptions,
+    ToolCallExtraction,
+)
 from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
+
+
+class FakeToolParser:
+    """Hermes-like: each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is a call."""
+
+    def extract(self, text: str) -> ToolCallExtraction:
+        parts = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
+        if not parts:
+            return ToolCallExtraction(content=text, calls=[])
+        calls = [json.loads(p) for p in parts]
+        content = text[: text.index("<tool_call>")] or None
+        return ToolCallExtraction(content=content, calls=[
+            ParsedToolCall("", c["name"], json.dumps(c["arguments"])) for c in calls])
 
 
 @dataclass
@@ -34,6 +57,8 @@ class FakeEngine:
     fail_weights: set[str] = field(default_factory=set)  # paths whose reload raises
     reload_delay_s: float = 0.0
     weights_prefetched: list[str] = field(default_factory=list)
+    reply: str | None = None  # set: every completion is this text, finish "stop" (two pieces when streamed)
+    rendered_tools: list[Any] = field(default_factory=list)  # `tools` of each render_chat call
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -42,7 +67,8 @@ class FakeEngine:
         return " ".join(f"t{t}" for t in token_ids)
 
     def render_chat(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
-                    continue_final_message: bool) -> str:
+                    continue_final_message: bool, tools: list[dict[str, Any]] | None = None) -> str:
+        self.rendered_tools.append(tools)
         return " ".join(f"{m['role']}: {m['content']}" for m in messages) + (" assistant:" if add_generation_prompt else "")
 
     def make_sampling(self, options: SamplingOptions) -> SamplingOptions:
@@ -50,7 +76,32 @@ class FakeEngine:
             raise InvalidRequestError("temperature must be non-negative", param="temperature")
         return options
 
+    def tool_parser(self, tools: list[dict[str, Any]], tool_choice: Any,
+                    parallel_tool_calls: bool | None) -> FakeToolParser:
+        assert self.info.tool_call_parser, "tool_parser asked of an engine without one"
+        return FakeToolParser()
+
+    def tool_choice_schema(self, tools: list[dict[str, Any]], tool_choice: Any,
+                           parallel_tool_calls: bool | None) -> dict[str, Any] | None:
+        if isinstance(tool_choice, dict):
+            name = tool_choice["function"]["name"]
+            return next(t["function"].get("parameters") or {"type": "object"}
+                        for t in tools if t["function"]["name"] == name)
+        return {"type": "array", "minItems": 1} if tool_choice == "required" else None
+
+    async def _reply(self, request_id: str, prompt_token_ids: list[int], sampling: Any,
+                     reply: str) -> AsyncIterator[GenerationOutput]:
+        pieces = [reply[: len(reply) // 2], reply[len(reply) // 2:]] if sampling.stream else [reply]
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            choices = [ChoiceOutput(k, piece, [i], None, "stop" if last else None, None) for k in range(sampling.n)]
+            yield GenerationOutput(request_id, prompt_token_ids, None, choices, last)
+
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Any) -> AsyncIterator[GenerationOutput]:
+        if self.reply is not None:
+            async for out in self._reply(request_id, prompt_token_ids, sampling, self.reply):
+                yield out
+            return
         if self.running == 0:
             self.busy_since = time.monotonic()
         self.running += 1

@@ -3,6 +3,7 @@
 - `types`: the plain data exchanged with the serving layer and the `Engine` Protocol;
 - `runtime`: environment, engine arguments and the abandonable start (no vLLM import);
 - `compat`: one function per difference between the supported vLLM releases (0.26 and 0.32);
+- `tool_parsing`: vLLM's tool-call parsers and tool-choice schemas behind plain data;
 - `vllm_engine`: `VllmEngine`, `AsyncLLM` behind the Protocol.
 """
 
@@ -19,7 +20,10 @@ from server.engine.types import (
     EngineInfo,
     EngineProgress,
     GenerationOutput,
+    ParsedToolCall,
     SamplingOptions,
+    ToolCallExtraction,
+    ToolCallParser,
     TokenLogprob,
     TopLogprob,
 )
@@ -31,7 +35,10 @@ __all__ = [
     "EngineInfo",
     "EngineProgress",
     "GenerationOutput",
+    "ParsedToolCall",
     "SamplingOptions",
+    "ToolCallExtraction",
+    "ToolCallParser",
     "TokenLogprob",
     "TopLogprob",
     "VllmEngine",

@@ -69,3 +69,22 @@ def watch_core_outputs(llm: Any, on_output: Callable[[], None]) -> None:
         return outputs
 
     core.get_output_async = get_output_async
+
+
+def tool_choice_json_schema(request: Any) -> Any:
+    """The structured-output schema for a chat request's `required` or named `tool_choice`.
+
+    `vllm.tool_parsers.utils.get_json_schema_from_tools` takes `parallel_tool_calls` in vLLM 0.32
+    (`false` caps the `required` array at one call) and has no such parameter in 0.26; 0.32 also
+    turns a named function without parameters into `{"type": "object"}`, 0.26 into None.
+    """
+    import inspect
+
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    if "parallel_tool_calls" in inspect.signature(get_json_schema_from_tools).parameters:  # 0.32
+        return get_json_schema_from_tools(
+            tool_choice=request.tool_choice, tools=request.tools,
+            parallel_tool_calls=request.parallel_tool_calls,
+        )
+    return get_json_schema_from_tools(tool_choice=request.tool_choice, tools=request.tools)  # 0.26

@@ -76,6 +76,29 @@ class SamplingOptions:
 
 
 @dataclass(slots=True)
+class ParsedToolCall:
+    """One tool call the model made; `arguments` is JSON text, `id` empty when the parser gave none."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
+class ToolCallExtraction:
+    """A completion split into the text around the tool calls (None when only calls) and the calls."""
+
+    content: str | None
+    calls: list[ParsedToolCall]
+
+
+class ToolCallParser(Protocol):
+    """One request's tool-call parser (the model's own call syntax, e.g. Hermes `<tool_call>`)."""
+
+    def extract(self, text: str) -> ToolCallExtraction: ...
+
+
+@dataclass(slots=True)
 class EngineInfo:
     served_model_name: str
     model_path: str
@@ -85,6 +108,8 @@ class EngineInfo:
     max_logprobs: int
     kv_sharing_fast_prefill: bool
     default_sampling: dict[str, Any] = field(default_factory=dict)
+    tool_call_parser: str | None = None
+    """The profile's `engine.tool_call_parser` (None: `tool_choice` auto is refused)."""
 
 
 @dataclass(slots=True)
@@ -112,9 +137,23 @@ class Engine(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
     def render_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The model's chat template applied to `messages`, as text."""
+        """The model's chat template applied to `messages` (and `tools`, OpenAI's dicts), as text."""
+        ...
+
+    def tool_parser(
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+    ) -> ToolCallParser:
+        """A fresh parser for one request, built from `info.tool_call_parser` (which must be set)."""
+        ...
+
+    def tool_choice_schema(
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+    ) -> dict[str, Any] | None:
+        """The JSON schema `required` or a named `tool_choice` constrains the output to, as
+        `vllm serve` builds it; None for `auto` and `none`."""
         ...
 
     def make_sampling(self, options: SamplingOptions) -> Any:

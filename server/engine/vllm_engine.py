@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from server.engine import compat, worker_extension
+from server.engine import compat, tool_parsing, worker_extension
 from server.engine.runtime import engine_args_kwargs, prepare_engine_environment, run_abandonable
 from server.engine.types import (
     ChoiceOutput,
@@ -99,6 +99,7 @@ class VllmEngine:
         self._gateway_workers = gateway_workers  # the workers have GatewayWorkerExtension's methods
         self.info = info
         self._tokenizer = tokenizer
+        self._chat_template: str | None = None  # the profile's `engine.chat_template`, else the model's
         self._rpc_dir = rpc_dir
         self._closed = False
         self._active: set[str] = set()
@@ -123,6 +124,8 @@ class VllmEngine:
                 )
                 raise FileNotFoundError(f"engine.model: no model at {model_path}.{hint}")
         check_parallelism(settings)
+        template_path = settings.engine.chat_template_path()
+        chat_template = template_path.read_text() if template_path else None
         rpc_dir = prepare_engine_environment(settings)
         kwargs = engine_args_kwargs(settings)
         # The gateway's worker methods (in-place weight reloads); a profile that names its own
@@ -136,6 +139,8 @@ class VllmEngine:
             from vllm.usage.usage_lib import UsageContext
             from vllm.v1.engine.async_llm import AsyncLLM
 
+            if settings.engine.tool_call_parser:  # refused before the model loads
+                tool_parsing.check_tool_parser_name(settings.engine.tool_call_parser)
             known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
             unknown = sorted(set(kwargs) - known)
             if unknown:
@@ -171,13 +176,16 @@ class VllmEngine:
                 max_logprobs=int(getattr(model_config, "max_logprobs", settings.engine.max_logprobs)),
                 kv_sharing_fast_prefill=settings.engine.kv_sharing_fast_prefill,
                 default_sampling=dict(model_config.get_diff_sampling_param() or {}),
+                tool_call_parser=settings.engine.tool_call_parser,
             )
         except BaseException:
             llm.shutdown()
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
-        return cls(llm, info, tokenizer, rpc_dir,
-                   gateway_workers=kwargs["worker_extension_cls"] == worker_extension.QUALNAME)
+        engine = cls(llm, info, tokenizer, rpc_dir,
+                     gateway_workers=kwargs["worker_extension_cls"] == worker_extension.QUALNAME)
+        engine._chat_template = chat_template
+        return engine
 
     # -- tokenizer -----------------------------------------------------------------------
 
@@ -188,14 +196,31 @@ class VllmEngine:
         return self._tokenizer.decode(list(token_ids))
 
     def render_chat(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, continue_final_message: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         return self._tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            tools=tools or None,
+            chat_template=self._chat_template,
         )
+
+    def tool_parser(
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+    ) -> tool_parsing.VllmToolCallParser:
+        if not self.info.tool_call_parser:
+            raise ValueError("no engine.tool_call_parser is configured")
+        return tool_parsing.VllmToolCallParser(
+            self.info.tool_call_parser, self._tokenizer, tools, tool_choice, parallel_tool_calls
+        )
+
+    def tool_choice_schema(
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+    ) -> dict[str, Any] | None:
+        return tool_parsing.tool_choice_json_schema(tools, tool_choice, parallel_tool_calls)
 
     # -- generation ----------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from server.engine import Engine, GenerationOutput, TokenLogprob
+from server.engine import ChoiceOutput, Engine, GenerationOutput, TokenLogprob
 from server.errors import InvalidRequestError
 from server.protocol import (
     ChatChoice,
@@ -20,6 +20,8 @@ from server.protocol import (
     ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
+    ToolCallDelta,
+    ToolCallFunctionDelta,
 )
 from server.serving.common import (
     DONE_EVENT,
@@ -37,10 +39,14 @@ from server.serving.common import (
     sse,
     sse_error,
 )
+from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
 
 
 def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
-    return chat_message_dicts(req.messages)
+    messages = chat_message_dicts(req.messages)
+    for message, extra in zip(messages, tool_message_fields(req.messages), strict=True):
+        message.update(extra)
+    return messages
 
 
 def chat_message_dicts(messages: list[ChatMessage], param: str = "messages") -> list[dict[str, Any]]:
@@ -63,6 +69,7 @@ def chat_message_dicts(messages: list[ChatMessage], param: str = "messages") -> 
 def chat_prompt_ids(
     engine: Engine, messages: list[dict[str, Any]], *, add_generation_prompt: bool,
     continue_final_message: bool, add_special_tokens: bool = False, param: str = "messages",
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The chat template applied to `messages`, tokenized (the template adds its own special tokens)."""
     try:
@@ -70,13 +77,16 @@ def chat_prompt_ids(
             messages,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
+            tools=tools,
         )
     except Exception as exc:  # template errors come from the client's message list
         raise InvalidRequestError(f"cannot apply the chat template: {exc}", param=param) from exc
     return engine.encode(text, add_special_tokens=add_special_tokens)
 
 
-def structured_output(req: ChatCompletionRequest) -> dict[str, Any] | None:
+def structured_output(req: ChatCompletionRequest, plan: ToolPlan | None = None) -> dict[str, Any] | None:
+    if plan is not None and plan.schema is not None:  # like vLLM: the tool schema replaces response_format
+        return {"json": plan.schema}
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -103,56 +113,91 @@ def chat_logprobs(entries: list[TokenLogprob], top: int) -> ChatLogprobs:
     return ChatLogprobs(content=content)
 
 
+class HeldToolStream:
+    """A streamed choice whose text must be read for tool calls: held until it finishes, then
+    sent as OpenAI's deltas (content, then one `tool_calls` delta per call, then the finish)."""
+
+    def __init__(self, plan: ToolPlan, stats: RequestStats) -> None:
+        self.plan = plan
+        self.stats = stats
+        self.text: dict[int, str] = {}
+        self.logprobs: dict[int, list[TokenLogprob]] = {}
+
+    def hold(self, c: ChoiceOutput, req: ChatCompletionRequest) -> list[ChatStreamChoice]:
+        self.text[c.index] = self.text.get(c.index, "") + c.text
+        self.logprobs.setdefault(c.index, []).extend(c.logprobs or [])
+        if c.finish_reason is None:
+            return []
+        content, calls, finish_reason = read_tool_calls(self.plan, self.text.pop(c.index), c.finish_reason)
+        if finish_reason:
+            self.stats.finish_reasons.append(finish_reason)
+        logprobs = chat_logprobs(self.logprobs.pop(c.index), req.top_logprobs or 0) if req.logprobs else None
+        pieces = []
+        if content:
+            pieces.append(ChatStreamChoice(index=c.index, delta=ChatDelta(content=content), logprobs=logprobs))
+            logprobs = None
+        for i, call in enumerate(calls):
+            pieces.append(ChatStreamChoice(index=c.index, delta=ChatDelta(tool_calls=[ToolCallDelta(
+                index=i, id=call.id, type="function",
+                function=ToolCallFunctionDelta(name=call.function.name, arguments=call.function.arguments),
+            )])))
+        pieces.append(ChatStreamChoice(
+            index=c.index, delta=ChatDelta(), logprobs=logprobs,
+            finish_reason=finish_reason, stop_reason=c.stop_reason,
+        ))
+        return pieces
+
+
 class ChatService(GenerationService):
     def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
         check_limits(self.limits, n=req.n)
-        if req.tools and req.tool_choice != "none":
-            raise InvalidRequestError(
-                "tools are not supported by this deployment (no tool-call parser is configured); "
-                "send tool_choice \"none\" or leave tools out.",
-                param="tools",
-            )
         if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs set to true.", param="top_logprobs")
         check_logprobs(req.top_logprobs, engine, "top_logprobs")
 
-    def _prompt_ids(self, engine: Engine, req: ChatCompletionRequest) -> list[int]:
+    def _prompt_ids(self, engine: Engine, req: ChatCompletionRequest, plan: ToolPlan) -> list[int]:
         return chat_prompt_ids(
             engine, message_dicts(req),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+            tools=plan.tools,
         )
 
     async def create(
         self, req: ChatCompletionRequest, request_id: str, stats: RequestStats | None = None
     ) -> ChatCompletionResponse | EventStream:
         stats = stats or RequestStats()
+        plan = ToolPlan()
 
         def prepare(engine: Engine) -> AsyncIterator[GenerationOutput]:
+            nonlocal plan
             self._check(engine, req)
-            ids = self._prompt_ids(engine, req)
+            plan = plan_tools(engine, req)
+            ids = self._prompt_ids(engine, req, plan)
             param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
             requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
             max_tokens = resolve_max_tokens(requested, len(ids), engine.info.max_model_len, param=param)
             top = req.top_logprobs or 0
             options = sampling_options(
                 engine, req, max_tokens, logprobs=top if req.logprobs else None,
-                structured=structured_output(req),
+                structured=structured_output(req, plan),
             )
+            if plan.parses_output:  # as vLLM's tool parsers ask: call tags may be special tokens
+                options.skip_special_tokens = False
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
             return guarded(engine.generate(request_id, ids, sampling), self.limits)
 
         return await serve_on_lease(
             self.holder, prepare,
-            (lambda stream: self._stream(req, request_id, stream, stats)) if req.stream else None,
-            lambda stream: self._complete(req, request_id, stream, stats),
-            text_chars=prompt_chars(req.messages),
+            (lambda stream: self._stream(req, request_id, stream, stats, plan)) if req.stream else None,
+            lambda stream: self._complete(req, request_id, stream, stats, plan),
+            text_chars=prompt_chars(req.messages) + prompt_chars(req.tools),
         )
 
     async def _complete(
         self, req: ChatCompletionRequest, request_id: str,
-        stream: AsyncIterator[GenerationOutput], stats: RequestStats,
+        stream: AsyncIterator[GenerationOutput], stats: RequestStats, plan: ToolPlan,
     ) -> ChatCompletionResponse:
         final: GenerationOutput | None = None
         try:
@@ -166,13 +211,14 @@ class ChatService(GenerationService):
         choices = []
         for c in sorted(final.choices, key=lambda c: c.index):
             stats.completion_tokens += len(c.token_ids)
-            if c.finish_reason:
-                stats.finish_reasons.append(c.finish_reason)
+            content, calls, finish_reason = read_tool_calls(plan, c.text, c.finish_reason)
+            if finish_reason:
+                stats.finish_reasons.append(finish_reason)
             choices.append(ChatChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=c.text),
+                message=ChatResponseMessage(content=content, tool_calls=calls),
                 logprobs=chat_logprobs(c.logprobs or [], req.top_logprobs or 0) if req.logprobs else None,
-                finish_reason=c.finish_reason,
+                finish_reason=finish_reason,
                 stop_reason=c.stop_reason,
             ))
         stats.completed = True
@@ -186,20 +232,23 @@ class ChatService(GenerationService):
 
     async def _stream(
         self, req: ChatCompletionRequest, request_id: str,
-        stream: AsyncIterator[GenerationOutput], stats: RequestStats,
+        stream: AsyncIterator[GenerationOutput], stats: RequestStats, plan: ToolPlan,
     ) -> AsyncIterator[str]:
         created = int(time.time())
         model = self.holder.settings.served_model_name
 
         def chunk(choice: ChatStreamChoice) -> str:
             # Like OpenAI and vLLM: a delta carries only what it sets, stop_reason only at the end.
-            exclude: dict[str, Any] = {"delta": {k for k in ("role", "content") if getattr(choice.delta, k) is None}}
+            exclude: dict[str, Any] = {
+                "delta": {k for k in ("role", "content", "tool_calls") if getattr(choice.delta, k) is None}
+            }
             if choice.finish_reason is None:
                 exclude["stop_reason"] = True
             return sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model, choices=[choice]
             ).model_dump_json(exclude={"usage": True, "choices": {0: exclude}}))
 
+        held = HeldToolStream(plan, stats)
         try:
             for index in range(req.n):
                 yield chunk(ChatStreamChoice(index=index, delta=ChatDelta(role="assistant", content="")))
@@ -210,6 +259,10 @@ class ChatService(GenerationService):
                     stats.completion_tokens += len(c.token_ids)
                     if stats.first_token_at is None:
                         stats.first_token_at = time.monotonic()
+                    if plan.parses_output:
+                        for piece in held.hold(c, req):
+                            yield chunk(piece)
+                        continue
                     if c.finish_reason:
                         stats.finish_reasons.append(c.finish_reason)
                     logprobs = None

@@ -1,0 +1,83 @@
+"""vLLM's tool-call parsers and tool-choice schemas behind plain data.
+
+The serving layer sends tools as the OpenAI JSON dicts and gets `ToolCallExtraction`s back; the
+vLLM `ChatCompletionRequest` the parsers need is built here. vLLM 0.26 and 0.32 both keep the
+parsers in `vllm.tool_parsers` and the request model in
+`vllm.entrypoints.openai.chat_completion.protocol`; their differences are in `compat`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.engine import compat
+from server.engine.types import ParsedToolCall, ToolCallExtraction
+
+
+def available_tool_parsers() -> list[str]:
+    """The names `engine.tool_call_parser` may take (vLLM's registry, lazy entries included)."""
+    from vllm.tool_parsers import ToolParserManager
+
+    return ToolParserManager.list_registered()
+
+
+def check_tool_parser_name(name: str) -> None:
+    """Raise ValueError naming the choices when `name` is not one of vLLM's tool parsers."""
+    names = available_tool_parsers()
+    if name not in names:
+        raise ValueError(
+            f"engine.tool_call_parser: vLLM has no tool parser {name!r}; "
+            f"available: {', '.join(names)}."
+        )
+
+
+def _vllm_request(tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None) -> Any:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    body: dict[str, Any] = {
+        "model": "gateway", "messages": [{"role": "user", "content": ""}],
+        "tools": tools, "tool_choice": tool_choice,
+    }
+    if parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = parallel_tool_calls
+    return ChatCompletionRequest.model_validate(body)
+
+
+def tool_choice_json_schema(
+    tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+) -> dict[str, Any] | None:
+    """The JSON schema `vllm serve` constrains `required` or a named `tool_choice` to (None for
+    `auto`/`none`, and on vLLM 0.26 for a named function without parameters)."""
+    request = _vllm_request(tools, tool_choice, parallel_tool_calls)
+    schema = compat.tool_choice_json_schema(request)
+    if isinstance(schema, str):  # vLLM's type allows a JSON text
+        import json
+
+        schema = json.loads(schema)
+    return schema
+
+
+class VllmToolCallParser:
+    """One request's vLLM tool parser (parsers keep streaming state: one per request)."""
+
+    def __init__(self, name: str, tokenizer: Any, tools: list[dict[str, Any]], tool_choice: Any,
+                 parallel_tool_calls: bool | None) -> None:
+        from vllm.tool_parsers import ToolParserManager
+
+        self._request = _vllm_request(tools, tool_choice, parallel_tool_calls)
+        parser_cls = ToolParserManager.get_tool_parser(name)
+        self._parser = parser_cls(tokenizer, self._request.tools)
+
+    def extract(self, text: str) -> ToolCallExtraction:
+        info = self._parser.extract_tool_calls(text, request=self._request)
+        if not info.tools_called:
+            return ToolCallExtraction(content=text, calls=[])
+        calls = [
+            ParsedToolCall(id=getattr(tc, "id", None) or "", name=tc.function.name,
+                           arguments=tc.function.arguments)
+            for tc in info.tool_calls
+        ]
+        content = info.content
+        if content is not None and not content.strip():
+            content = None
+        return ToolCallExtraction(content=content, calls=calls)

@@ -1,0 +1,99 @@
+"""Tool calling through the real OpenAI SDK on the real CPU engine: the whole loop, plain and
+streamed: a forced call, the client runs the tool, sends the result, gets the final answer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+from tests.conftest import SERVED_NAME, ServerProcess
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def get_weather(city: str) -> str:
+    return json.dumps({"city": city, "temperature_c": 18, "sky": "cloudy"})
+
+
+@pytest.fixture
+def client(gateway: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def finish_loop(client: openai.OpenAI, messages: list[Any], call_id: str, name: str, arguments: str) -> str:
+    args = json.loads(arguments)
+    assert name == "get_weather" and isinstance(args.get("city"), str)
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": get_weather(**args)},
+    ]
+    final = client.chat.completions.create(
+        model=SERVED_NAME, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=30, temperature=0)
+    assert final.choices[0].message.tool_calls in (None, [])
+    assert final.choices[0].finish_reason in ("stop", "length")
+    return final.choices[0].message.content or ""
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_loop_plain(client: openai.OpenAI, tool_choice: Any) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    result = client.chat.completions.create(
+        model=SERVED_NAME, messages=messages, tools=[WEATHER], tool_choice=tool_choice, max_tokens=60, temperature=0,
+        parallel_tool_calls=False)
+    choice = result.choices[0]
+    assert choice.finish_reason == ("tool_calls" if tool_choice == "required" else "stop")
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert finish_loop(client, messages, call.id, call.function.name, call.function.arguments)
+
+
+def test_tool_loop_streamed(client: openai.OpenAI) -> None:
+    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(
+        model=SERVED_NAME, messages=messages, tools=[WEATHER], max_tokens=60, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    ):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                entry = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                entry["id"] += delta.id or ""
+                entry["name"] += (delta.function.name or "") if delta.function else ""
+                entry["arguments"] += (delta.function.arguments or "") if delta.function else ""
+            finish = choice.finish_reason or finish
+    assert finish == "stop" and list(calls) == [0]
+    call = calls[0]
+    assert call["id"].startswith("call_")
+    assert finish_loop(client, messages, call["id"], call["name"], call["arguments"])
+
+
+def test_tool_result_for_an_unknown_call_is_a_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=SERVED_NAME, tools=[WEATHER], max_tokens=5, messages=[
+            {"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_x", "content": "1"}])
+    assert info.value.body["param"] == "messages"  # type: ignore[index]
+
+
+def test_tool_calls_finish_reason_is_counted(client: openai.OpenAI, gateway: ServerProcess) -> None:
+    import httpx
+
+    client.chat.completions.create(model=SERVED_NAME, messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                                   tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0)
+    metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
+    assert any(line.startswith("gateway_request_finish_total{") and 'reason="tool_calls"' in line
+               for line in metrics.splitlines()), metrics[:2000]
+
+
+def test_unknown_tool_parser_names_the_choices() -> None:
+    from server.engine.tool_parsing import check_tool_parser_name
+
+    check_tool_parser_name("hermes")
+    with pytest.raises(ValueError, match="available: .*hermes"):
+        check_tool_parser_name("no-such-parser")
