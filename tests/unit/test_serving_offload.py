@@ -13,7 +13,7 @@ from server.serving.common import OFFLOAD_PROMPT_CHARS, prompt_chars
 from tests.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 
-BLOCK_S = 0.3  # a slow tokenizer: long enough that a blocked loop is unmistakable
+BLOCK_S = 0.6  # a slow tokenizer: long enough that a blocked loop is unmistakable
 
 
 class SlowTokenizerEngine(FakeEngine):
