@@ -91,6 +91,24 @@ def device_overrides(device: str, workdir: Path, synth_dir: Path | None) -> dict
     return over
 
 
+def gateway_profile(a: Any, config: Path, workdir: Path, defaults: dict[str, Any] | None = None):  # noqa: ANN201
+    """The effective profile of an HTTP benchmark run: `config`, the device's model (the synthetic
+    Gemma directory on the GPU), `defaults`, then `--set`; written to WORKDIR/profile.yaml.
+    Fills `a.vocab_size` from the model's config when not given. Returns (settings, profile path,
+    the merged overrides)."""
+    synth = None
+    if a.device == "gpu":
+        import synth_tokenizer
+
+        synth = synth_tokenizer.build(gpu_model_dir(workdir / "gemma-4-e2b-synth"))
+    overrides = deep_merge(deep_merge(device_overrides(a.device, workdir, synth), defaults or {}), parse_set(a.set))
+    settings = effective_settings(config, overrides)
+    profile = write_settings(settings, workdir / "profile.yaml")
+    if a.vocab_size is None:
+        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    return settings, profile, overrides
+
+
 def effective_settings(config: Path, overrides: dict[str, Any]):  # -> server.settings.Settings
     from server.settings import load_settings
 

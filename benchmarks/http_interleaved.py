@@ -148,18 +148,8 @@ def main() -> None:
     a.out = a.out.resolve()
     gpu = a.device == "gpu"
     config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
-    synth = None
-    if gpu:
-        import synth_tokenizer
-
-        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
     share = {"engine": {"gpu_memory_utilization": 0.3}} if gpu else {}
-    overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), share),
-                                    benchlib.parse_set(a.set))
-    settings = benchlib.effective_settings(config, overrides)
-    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
-    if a.vocab_size is None:
-        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    settings, profile, overrides = benchlib.gateway_profile(a, config, workdir, share)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     meta = {"run_id": run_id, "label": a.label or f"{a.device} interleaved", "device": a.device,
             "overrides": overrides.get("engine", {}), "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,

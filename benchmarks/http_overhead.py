@@ -366,16 +366,7 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     a.out = a.out.resolve()
     config = a.config or (benchlib.GPU_CONFIG if a.device == "gpu" else benchlib.CPU_CONFIG)
-    synth = None
-    if a.device == "gpu":
-        import synth_tokenizer
-
-        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
-    overrides = benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), benchlib.parse_set(a.set))
-    settings = benchlib.effective_settings(config, overrides)
-    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
-    if a.vocab_size is None:
-        a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
+    settings, profile, overrides = benchlib.gateway_profile(a, config, workdir)
     from server.engine import engine_args_kwargs
 
     meta = {"run_id": a.run_id or f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}", "label": a.label or f"{a.device} run", "device": a.device, "config": str(config.relative_to(ROOT) if config.is_relative_to(ROOT) else config),
