@@ -25,6 +25,10 @@ from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailab
 class FakeToolParser:
     """Hermes-like: each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is a call."""
 
+    start_marker: str | None = "<tool_call>"
+    forced_by_schema: bool = True
+    strips_calls_without_tools: bool = False
+
     def extract(self, text: str) -> ToolCallExtraction:
         parts = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
         if not parts:

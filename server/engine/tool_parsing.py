@@ -57,6 +57,19 @@ def tool_choice_json_schema(
     return schema
 
 
+def _start_marker(parser: Any) -> str | None:
+    """The call opener: classic parsers name it `tool_call_start_token` (hermes: `<tool_call>`);
+    engine-based ones (gemma4) keep it among their config's terminals as TOOL_START (0.26, 0.32)."""
+    marker = getattr(parser, "tool_call_start_token", None)
+    if isinstance(marker, str) and marker:
+        return marker
+    engine = getattr(parser, "_parser_engine", None)
+    config = getattr(engine, "parser_engine_config", None)
+    terminals = getattr(config, "terminals", None) or {}
+    marker = terminals.get("TOOL_START")
+    return marker if isinstance(marker, str) and marker else None
+
+
 class VllmToolCallParser:
     """One request's vLLM tool parser (parsers keep streaming state: one per request)."""
 
@@ -67,6 +80,9 @@ class VllmToolCallParser:
         self._request = _vllm_request(tools, tool_choice, parallel_tool_calls)
         parser_cls = ToolParserManager.get_tool_parser(name)
         self._parser = parser_cls(tokenizer, self._request.tools)
+        self.forced_by_schema = bool(getattr(parser_cls, "supports_required_and_named", True))
+        self.strips_calls_without_tools = bool(getattr(parser_cls, "engine_based_streaming", False))
+        self.start_marker = _start_marker(self._parser)
 
     def extract(self, text: str) -> ToolCallExtraction:
         info = self._parser.extract_tool_calls(text, request=self._request)

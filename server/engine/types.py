@@ -95,6 +95,18 @@ class ToolCallExtraction:
 class ToolCallParser(Protocol):
     """One request's tool-call parser (the model's own call syntax, e.g. Hermes `<tool_call>`)."""
 
+    start_marker: str | None
+    """The text that opens a call (`<tool_call>`, Gemma 4's `<|tool_call>`); None when the syntax
+    has no fixed opener (then a streamed choice is held whole)."""
+
+    forced_by_schema: bool
+    """Whether `required` and named `tool_choice` constrain the output to vLLM's JSON schema
+    (False: the model writes its own call syntax and this parser reads it, e.g. gemma4)."""
+
+    strips_calls_without_tools: bool
+    """Whether `tool_choice: none` still runs this parser to drop call syntax from the content,
+    as `vllm serve` does for vLLM's engine-based parsers (gemma4)."""
+
     def extract(self, text: str) -> ToolCallExtraction: ...
 
 

@@ -94,12 +94,13 @@ def _to_token_logprob(token_id: int, position: Any, limit: int) -> TokenLogprob:
 class VllmEngine:
     """`AsyncLLM` behind the `Engine` Protocol."""
 
-    def __init__(self, llm: Any, info: EngineInfo, tokenizer: Any, rpc_dir: Path, *, gateway_workers: bool = False):
+    def __init__(self, llm: Any, info: EngineInfo, tokenizer: Any, rpc_dir: Path, *, gateway_workers: bool = False,
+                 chat_template: str | None = None):
         self._llm = llm
         self._gateway_workers = gateway_workers  # the workers have GatewayWorkerExtension's methods
         self.info = info
         self._tokenizer = tokenizer
-        self._chat_template: str | None = None  # the profile's `engine.chat_template`, else the model's
+        self._chat_template = chat_template  # the profile's `engine.chat_template`, else the model's
         self._rpc_dir = rpc_dir
         self._closed = False
         self._active: set[str] = set()
@@ -182,10 +183,8 @@ class VllmEngine:
             llm.shutdown()
             shutil.rmtree(rpc_dir, ignore_errors=True)
             raise
-        engine = cls(llm, info, tokenizer, rpc_dir,
-                     gateway_workers=kwargs["worker_extension_cls"] == worker_extension.QUALNAME)
-        engine._chat_template = chat_template
-        return engine
+        return cls(llm, info, tokenizer, rpc_dir, chat_template=chat_template,
+                   gateway_workers=kwargs["worker_extension_cls"] == worker_extension.QUALNAME)
 
     # -- tokenizer -----------------------------------------------------------------------
 

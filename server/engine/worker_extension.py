@@ -59,9 +59,11 @@ class GatewayWorkerExtension:
         worker: Any = self
         prefetch = getattr(worker, "_gateway_prefetch", None)
         worker._gateway_prefetch = None  # dropped whatever happens: the memory goes back
-        if prefetch is not None and prefetch.weights_path == weights_path:
+        if prefetch is not None and prefetch.weights_path != weights_path:
+            prefetch = None  # of another checkpoint: of no use to this reload
+        if prefetch is not None:
             prefetch.done.wait()
-        if prefetch is not None and prefetch.weights_path == weights_path and prefetch.error is None:
+        if prefetch is not None and prefetch.error is None:
             # vLLM points the model config at the new path only when it reads the files itself.
             worker.model_runner.model_config.model = weights_path
             worker.reload_weights(weights_iterator=iter(prefetch.tensors))
