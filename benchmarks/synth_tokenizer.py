@@ -10,7 +10,9 @@ give the model a tokenizer that:
 
 - covers all 262,144 ids (Gemma's vocabulary): 0-3 are `<pad>`, `<eos>`, `<bos>`, `<unk>`
   (Gemma's pad/eos/bos ids), 4-259 the 256 byte-level symbols, then every 2-character and as many
-  3-character strings of printable ASCII as fit;
+  3-character strings of printable ASCII as fit, and last Gemma 4's turn/channel/tool-call special
+  tokens (vLLM's gemma4 tool and reasoning parsers need them);
+- has a cut-down Gemma 4 chat template with tools, so chat and tool-calling requests render;
 - is a `tokenizers` BPE (no merges) with a **byte-level decoder**, so vLLM uses its fast
   incremental detokenizer (a word-level synthetic tokenizer made detokenization the bottleneck:
   ../shared/gpu/README.md), and random ids decode to valid UTF-8 (except the 128 high-byte ids).
@@ -31,6 +33,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0, 1, 2, 3 as in Gemma's config
+# Gemma 4's turn, reasoning-channel and tool-call tokens, which vLLM's gemma4 tool and reasoning
+# parsers look up in the vocabulary (their ids here are the last of the vocabulary, not Gemma's).
+GEMMA4_SPECIALS = ["<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
+                   "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>']
+# Gemma 4's prompt shape, cut down: turns, tool declarations, the model's calls and the tool
+# results in its own syntax (`call:name{...}`), so chat and tool requests render on the GPU.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% if tools %}<|turn>system\n{% for t in tools %}<|tool>declaration:{{ t.function.name }}"
+    "{{ t.function | tojson }}<tool|>{% endfor %}<turn|>\n{% endif %}"
+    "{% for m in messages %}<|turn>{{ 'model' if m.role == 'assistant' else m.role }}\n"
+    "{% for c in m.tool_calls or [] %}<|tool_call>call:{{ c.function.name }}"
+    "{{ c.function.arguments | tojson }}<tool_call|>{% endfor %}"
+    "{% if m.role == 'tool' %}<|tool_response>{{ m.content }}<tool_response|>"
+    "{% else %}{{ m.content or '' }}{% endif %}<turn|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
 
 
 def synthetic_vocab(size: int) -> dict[str, int]:
@@ -42,11 +61,14 @@ def synthetic_vocab(size: int) -> dict[str, int]:
     for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[ch] = len(vocab)
     printable = [chr(c) for c in range(33, 127)]  # byte-level maps these bytes to themselves
+    room = size - len(GEMMA4_SPECIALS)
     for n in (2, 3, 4):
         for combo in itertools.product(printable, repeat=n):
-            if len(vocab) >= size:
-                return vocab
+            if len(vocab) >= room:
+                break
             vocab["".join(combo)] = len(vocab)
+    for tok in GEMMA4_SPECIALS:
+        vocab[tok] = len(vocab)
     return vocab
 
 
@@ -64,12 +86,13 @@ def build(out_dir: Path, config_dir: Path = CONFIG_DIR, vocab_size: int | None =
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
+    tok.add_special_tokens(SPECIALS + GEMMA4_SPECIALS)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
         "model_max_length": 131072, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
     }, indent=1))
     (out_dir / "special_tokens_map.json").write_text(json.dumps({
         "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",

@@ -246,10 +246,6 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "VLLM_CACHE_ROOT": str(tmp / "cache"),
         "VLLM_RPC_BASE_PATH": str(tmp / "run"),
         "TMPDIR": str(tmp / "tmp"),
-        # vLLM 0.26 and 0.32 constrain `required`/named tool choice for parsers with an xgrammar
-        # structural tag (hermes, ...) to the model's call syntax by default; the gateway uses
-        # vLLM's JSON-schema path, which this switch selects in `vllm serve`.
-        "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

@@ -22,12 +22,24 @@ from server.engine import (
 from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
 
 
+@dataclass
 class FakeToolParser:
-    """Hermes-like: each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is a call."""
+    """Hermes-like: each `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` is a call.
+    `own_syntax`: like gemma4, required/named are read from this syntax, not forced into JSON."""
 
+    own_syntax: bool = False
     start_marker: str | None = "<tool_call>"
-    forced_by_schema: bool = True
-    strips_calls_without_tools: bool = False
+
+    @property
+    def forced_by_schema(self) -> bool:
+        return not self.own_syntax
+
+    @property
+    def strips_calls_without_tools(self) -> bool:
+        return self.own_syntax
+
+    structured: dict[str, Any] | None = None
+    skip_special_tokens: bool = False
 
     def extract(self, text: str) -> ToolCallExtraction:
         parts = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)
@@ -63,6 +75,7 @@ class FakeEngine:
     weights_prefetched: list[str] = field(default_factory=list)
     reply: str | None = None  # set: every completion is this text, finish "stop" (two pieces when streamed)
     rendered_tools: list[Any] = field(default_factory=list)  # `tools` of each render_chat call
+    sampled: list[SamplingOptions] = field(default_factory=list)  # options of each make_sampling call
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
         return [len(w) % 1000 for w in text.split()]
@@ -76,14 +89,15 @@ class FakeEngine:
         return " ".join(f"{m['role']}: {m['content']}" for m in messages) + (" assistant:" if add_generation_prompt else "")
 
     def make_sampling(self, options: SamplingOptions) -> SamplingOptions:
+        self.sampled.append(options)
         if options.temperature < 0:
             raise InvalidRequestError("temperature must be non-negative", param="temperature")
         return options
 
     def tool_parser(self, tools: list[dict[str, Any]], tool_choice: Any,
-                    parallel_tool_calls: bool | None) -> FakeToolParser:
+                    parallel_tool_calls: bool | None, response_format: dict[str, Any] | None = None) -> FakeToolParser:
         assert self.info.tool_call_parser, "tool_parser asked of an engine without one"
-        return FakeToolParser()
+        return FakeToolParser(own_syntax=self.info.tool_call_parser == "own-syntax")
 
     def tool_choice_schema(self, tools: list[dict[str, Any]], tool_choice: Any,
                            parallel_tool_calls: bool | None) -> dict[str, Any] | None:

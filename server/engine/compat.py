@@ -88,3 +88,23 @@ def tool_choice_json_schema(request: Any) -> Any:
             parallel_tool_calls=request.parallel_tool_calls,
         )
     return get_json_schema_from_tools(tool_choice=request.tool_choice, tools=request.tools)  # 0.26
+
+
+def structured_outputs_fields(params: Any) -> dict[str, Any] | None:
+    """A vLLM `StructuredOutputsParams` as the constructor fields it was given (None for None).
+
+    The same dataclass in 0.26 and 0.32 (json, regex, choice, grammar, json_object, structural_tag,
+    ...); private fields (`_backend`) are left out, and so are fields left at their defaults.
+    """
+    if params is None:
+        return None
+    import dataclasses
+
+    fields = {}
+    for f in dataclasses.fields(params):
+        if not f.init or f.name.startswith("_"):
+            continue
+        value = getattr(params, f.name)
+        if value != f.default:
+            fields[f.name] = value
+    return fields

@@ -31,7 +31,8 @@ def check_tool_parser_name(name: str) -> None:
         )
 
 
-def _vllm_request(tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None) -> Any:
+def _vllm_request(tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None,
+                  response_format: dict[str, Any] | None = None) -> Any:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     body: dict[str, Any] = {
@@ -40,6 +41,8 @@ def _vllm_request(tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_c
     }
     if parallel_tool_calls is not None:
         body["parallel_tool_calls"] = parallel_tool_calls
+    if response_format is not None:
+        body["response_format"] = response_format
     return ChatCompletionRequest.model_validate(body)
 
 
@@ -71,23 +74,37 @@ def _start_marker(parser: Any) -> str | None:
 
 
 class VllmToolCallParser:
-    """One request's vLLM tool parser (parsers keep streaming state: one per request)."""
+    """One request's vLLM tool parser (parsers keep streaming state: one per request).
+
+    Built as `vllm serve` builds it: vLLM's unified parser (`ParserManager.get_parser`, 0.26 and
+    0.32) adjusts the request, which decides the output constraint (`structured`: e.g. the
+    hermes structural tag that vLLM applies by default, VLLM_ENFORCE_STRICT_TOOL_CALLING) and
+    whether special tokens stay in the text; its tool parser then reads the calls.
+    """
 
     def __init__(self, name: str, tokenizer: Any, tools: list[dict[str, Any]], tool_choice: Any,
-                 parallel_tool_calls: bool | None) -> None:
-        from vllm.tool_parsers import ToolParserManager
+                 parallel_tool_calls: bool | None, response_format: dict[str, Any] | None = None) -> None:
+        from vllm.parser import ParserManager
 
-        self._request = _vllm_request(tools, tool_choice, parallel_tool_calls)
-        parser_cls = ToolParserManager.get_tool_parser(name)
-        self._parser = parser_cls(tokenizer, self._request.tools)
+        self._request = _vllm_request(tools, tool_choice, parallel_tool_calls, response_format)
+        unified_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
+        unified = unified_cls(tokenizer, self._request.tools)
+        self._parser = unified._tool_parser
+        parser_cls = type(self._parser)
+        # Read after construction: vLLM turns supports_required_and_named off for parsers with a
+        # structural tag when strict tool calling is on (its default), in __init_subclass__.
         self.forced_by_schema = bool(getattr(parser_cls, "supports_required_and_named", True))
         self.strips_calls_without_tools = bool(getattr(parser_cls, "engine_based_streaming", False))
         self.start_marker = _start_marker(self._parser)
+        if tool_choice != "none":  # as vLLM's renderer: no adjustment when tools are off
+            self._request = unified.adjust_request(self._request)
+        self.structured = compat.structured_outputs_fields(self._request.structured_outputs)
+        self.skip_special_tokens = bool(self._request.skip_special_tokens)
 
     def extract(self, text: str) -> ToolCallExtraction:
         info = self._parser.extract_tool_calls(text, request=self._request)
         if not info.tools_called:
-            return ToolCallExtraction(content=text, calls=[])
+            return ToolCallExtraction(content=text if info.content is None else info.content, calls=[])
         calls = [
             ParsedToolCall(id=getattr(tc, "id", None) or "", name=tc.function.name,
                            arguments=tc.function.arguments)

@@ -107,6 +107,13 @@ class ToolCallParser(Protocol):
     """Whether `tool_choice: none` still runs this parser to drop call syntax from the content,
     as `vllm serve` does for vLLM's engine-based parsers (gemma4)."""
 
+    structured: dict[str, Any] | None
+    """The output constraint vLLM's parser sets for this request's tools and `tool_choice`
+    (`SamplingOptions.structured` fields: a structural tag, a JSON schema), or None."""
+
+    skip_special_tokens: bool
+    """False when the call syntax uses special tokens the text must keep."""
+
     def extract(self, text: str) -> ToolCallExtraction: ...
 
 
@@ -156,9 +163,11 @@ class Engine(Protocol):
         ...
 
     def tool_parser(
-        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None,
+        response_format: dict[str, Any] | None = None,
     ) -> ToolCallParser:
-        """A fresh parser for one request, built from `info.tool_call_parser` (which must be set)."""
+        """A fresh parser for one request, built from `info.tool_call_parser` (which must be set);
+        `response_format` (OpenAI's dict) is what vLLM may fold into the tool constraint."""
         ...
 
     def tool_choice_schema(

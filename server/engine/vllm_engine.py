@@ -208,12 +208,14 @@ class VllmEngine:
         )
 
     def tool_parser(
-        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
+        self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None,
+        response_format: dict[str, Any] | None = None,
     ) -> tool_parsing.VllmToolCallParser:
         if not self.info.tool_call_parser:
             raise ValueError("no engine.tool_call_parser is configured")
         return tool_parsing.VllmToolCallParser(
-            self.info.tool_call_parser, self._tokenizer, tools, tool_choice, parallel_tool_calls
+            self.info.tool_call_parser, self._tokenizer, tools, tool_choice, parallel_tool_calls,
+            response_format,
         )
 
     def tool_choice_schema(

@@ -85,8 +85,8 @@ def chat_prompt_ids(
 
 
 def structured_output(req: ChatCompletionRequest, plan: ToolPlan | None = None) -> dict[str, Any] | None:
-    if plan is not None and plan.schema is not None:  # like vLLM: the tool schema replaces response_format
-        return {"json": plan.schema}
+    if plan is not None and plan.structured is not None:  # like vLLM: the tool constraint replaces response_format
+        return plan.structured
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return None
@@ -182,7 +182,7 @@ class ChatService(GenerationService):
                 engine, req, max_tokens, logprobs=top if req.logprobs else None,
                 structured=structured_output(req, plan),
             )
-            if plan.parses_output:  # as vLLM's tool parsers ask: call tags may be special tokens
+            if not plan.skip_special_tokens:  # as vLLM's tool parser asks: call tags may be special tokens
                 options.skip_special_tokens = False
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)

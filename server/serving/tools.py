@@ -32,16 +32,34 @@ class ToolPlan:
     mode: Mode = "none"
     function_name: str | None = None
     """The named function (mode `named`)."""
-    schema: dict[str, Any] | None = None
-    """The structured-output JSON schema (modes `required` and `named`)."""
+    structured: dict[str, Any] | None = None
+    """The output constraint (`SamplingOptions.structured`): what vLLM's parser sets (a
+    structural tag for hermes, vLLM's default strict tool calling; a JSON schema), or without a
+    parser the JSON schema of `required`/named."""
     parser: ToolCallParser | None = None
-    """The vLLM tool parser (mode `auto`)."""
+    """The profile's vLLM tool parser (None without `engine.tool_call_parser`)."""
     single_call: bool = False
     """`parallel_tool_calls: false`: only the first call is kept, as `vllm serve` (0.26, 0.32) does."""
 
     @property
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON schema the output is forced into (`required`/named read as JSON), if any."""
+        return self.structured.get("json") if self.structured else None
+
+    @property
+    def reads_own_syntax(self) -> bool:
+        """The calls are read by the parser from the model's own syntax, not from forced JSON."""
+        if self.parser is None:
+            return False
+        return self.mode == "auto" or (self.mode in ("required", "named") and not self.parser.forced_by_schema)
+
+    @property
+    def skip_special_tokens(self) -> bool:
+        return self.parser.skip_special_tokens if self.parser is not None else True
+
+    @property
     def parses_output(self) -> bool:
-        return self.mode != "none"
+        return self.mode != "none" or (self.parser is not None and self.parser.strips_calls_without_tools)
 
 
 def _check_tools(tools: list[Any]) -> list[dict[str, Any]]:
@@ -101,18 +119,24 @@ def plan_tools(engine: Engine, req: ChatCompletionRequest) -> ToolPlan:
     else:
         raise InvalidRequestError(
             'tool_choice must be "none", "auto", "required" or a named function.', param="tool_choice")
-    if plan.mode == "auto":
-        if not engine.info.tool_call_parser:
-            raise InvalidRequestError(
-                'tool_choice "auto" needs a tool-call parser, and this deployment has none '
-                '(engine.tool_call_parser); send tool_choice "required", a named function or "none".',
-                param="tool_choice")
-        plan.parser = engine.tool_parser(tools, choice, req.parallel_tool_calls)
-    elif plan.mode in ("required", "named"):
+    if engine.info.tool_call_parser:
+        response_format = req.response_format.model_dump(by_alias=True, exclude_none=True) if req.response_format else None
         try:
-            plan.schema = engine.tool_choice_schema(tools, choice, req.parallel_tool_calls)
+            plan.parser = engine.tool_parser(tools, choice, req.parallel_tool_calls, response_format)
         except ValueError as exc:  # vLLM's own checks of the tools ($defs conflicts, ...)
             raise InvalidRequestError(f"tools: {exc}", param="tools") from exc
+        plan.structured = plan.parser.structured
+    elif plan.mode == "auto":
+        raise InvalidRequestError(
+            'tool_choice "auto" needs a tool-call parser, and this deployment has none '
+            '(engine.tool_call_parser); send tool_choice "required", a named function or "none".',
+            param="tool_choice")
+    elif plan.mode != "none":
+        try:
+            schema = engine.tool_choice_schema(tools, choice, req.parallel_tool_calls)
+        except ValueError as exc:
+            raise InvalidRequestError(f"tools: {exc}", param="tools") from exc
+        plan.structured = {"json": schema} if schema is not None else None
     plan.single_call = req.parallel_tool_calls is False
     return plan
 
@@ -192,11 +216,21 @@ def _read_tool_calls(
     """(content, tool calls, finish reason) of one finished choice, as `vllm serve` gives them:
     `tool_calls` when `auto` found calls or `required` stopped normally; a named call keeps the
     engine's reason; with `required` or a named function the content is "" (not null)."""
-    if plan.mode == "auto":
+    if plan.mode == "none":
+        if not plan.parses_output:
+            return text, [], finish_reason
+        assert plan.parser is not None
+        return plan.parser.extract(text).content, [], finish_reason
+    if plan.reads_own_syntax:
         assert plan.parser is not None
         extracted = plan.parser.extract(text)
         calls = _calls(extracted.calls)
-        return extracted.content, calls, "tool_calls" if calls else finish_reason
+        if plan.mode == "auto":
+            return extracted.content, calls, "tool_calls" if calls else finish_reason
+        # required/named from the model's own syntax (vLLM's fallback for parsers that are not
+        # forced into JSON): content is "" rather than null, `required` ends `tool_calls`.
+        required_stop = plan.mode == "required" and finish_reason == "stop"
+        return extracted.content or "", calls, "tool_calls" if required_stop else finish_reason
     if plan.mode == "required":
         return "", _required_calls(text), "tool_calls" if finish_reason == "stop" else finish_reason
     if plan.mode == "named":

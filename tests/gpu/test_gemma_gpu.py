@@ -97,6 +97,75 @@ def test_echo_with_logprobs_is_refused_only_with_fast_prefill(gemma: tuple[Serve
         assert r.status_code == 200, r.text
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+# Dummy weights write arbitrary text, so one request forces Gemma 4's own call syntax through a
+# JSON-string pattern (the gemma4 parser adds no constraint of its own): the parser must find it.
+FORCED_CALL = {"type": "json_schema", "json_schema": {"name": "call", "schema": {
+    "type": "string", "pattern": "^<\\|tool_call>call:get_weather\\{city:Paris\\}<tool_call\\|>$"}}}
+
+
+def chat(server: ServerProcess, **body: object) -> httpx.Response:
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    return httpx.post(server.base_url + "/v1/chat/completions", json={"model": model, **body}, timeout=300)
+
+
+def streamed_chat(server: ServerProcess, **body: object) -> tuple[list[dict], list[str]]:
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", timeout=300,
+                      json={"model": model, "stream": True, **body}) as s:
+        assert s.status_code == 200, s.read()
+        events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not any("error" in c for c in chunks), chunks[-1]
+    return chunks, events
+
+
+def well_formed_calls(calls: list[dict]) -> list[dict]:
+    for call in calls:
+        assert call["id"] and call["type"] == "function", call
+        assert call["function"]["name"] == "get_weather", call
+        assert isinstance(json.loads(call["function"]["arguments"]), dict), call
+    return calls
+
+
+def test_tool_calls_through_the_gemma4_parser_plain_and_streamed(gemma: tuple[ServerProcess, str]) -> None:
+    """Issue 18 on the H200 (`tool_call_parser: gemma4`): every tool_choice answers 200 with
+    well-formed `tool_calls`, plain and streamed; a call written in Gemma 4's syntax is parsed."""
+    server, _ = gemma
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("auto", "required", named, "none"):
+        r = chat(server, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=24, temperature=0)
+        assert r.status_code == 200, (choice, r.text)
+        answer = r.json()["choices"][0]
+        assert answer["finish_reason"] in ("stop", "length", "tool_calls"), answer
+        well_formed_calls(answer["message"].get("tool_calls") or [])
+        chunks, _ = streamed_chat(server, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=24,
+                                  temperature=0)
+        deltas = [c["choices"][0] for c in chunks if c["choices"]]
+        assert deltas[-1]["finish_reason"] in ("stop", "length", "tool_calls"), deltas[-1]
+        for d in deltas:
+            for call in d["delta"].get("tool_calls") or []:
+                assert call["type"] == "function" and call["function"]["name"] == "get_weather", call
+    r = chat(server, messages=ask, tools=[WEATHER], max_tokens=64, temperature=0, response_format=FORCED_CALL)
+    assert r.status_code == 200, r.text
+    answer = r.json()["choices"][0]
+    [call] = well_formed_calls(answer["message"]["tool_calls"])
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert answer["finish_reason"] == "tool_calls" and "<|tool_call>" not in (answer["message"]["content"] or "")
+    chunks, _ = streamed_chat(server, messages=ask, tools=[WEATHER], max_tokens=64, temperature=0,
+                              response_format=FORCED_CALL)
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    streamed_calls = [call for d in deltas for call in d["delta"].get("tool_calls") or []]
+    assert [c["function"]["name"] for c in streamed_calls if c["function"].get("name")] == ["get_weather"]
+    assert json.loads("".join(c["function"].get("arguments") or "" for c in streamed_calls)) == {"city": "Paris"}
+    assert not any("<|tool_call>" in (d["delta"].get("content") or "") for d in deltas)
+    assert deltas[-1]["finish_reason"] == "tool_calls"
+
+
 def test_reload_swaps_profiles_on_the_gpu(gemma: tuple[ServerProcess, str], tmp_path: Path) -> None:
     server, _ = gemma
     r = httpx.post(server.base_url + "/admin/reload", timeout=900,

@@ -147,3 +147,37 @@ def test_profile_chat_template_must_exist_and_the_shipped_one_does() -> None:
     profile = load_settings(Path(__file__).parents[2] / "configs" / "embedded-cpu.yaml").engine
     assert profile.tool_call_parser == "hermes"
     assert profile.chat_template_path() == TEMPLATES_DIR / "smollm2-tools.jinja"
+
+
+@pytest.mark.anyio
+async def test_a_parser_of_its_own_syntax_reads_required_and_named_without_a_schema() -> None:
+    """gemma4's way (vLLM 0.26, 0.32): no JSON schema for required/named, the parser reads the
+    model's own calls, special tokens kept; required ends `tool_calls`, named keeps the reason."""
+    reply = 'Sure.<tool_call>{"name": "get_weather", "arguments": {"city": "Lima"}}</tool_call>'
+    engine = engine_with(reply, parser="own-syntax")
+    client = await started(engine)
+    r = await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required"})
+    choice = r.json()["choices"][0]
+    assert engine.sampled[-1].structured is None and engine.sampled[-1].skip_special_tokens is False
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Lima"}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": named})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    engine.reply = "no call at all"
+    r = await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": named})
+    choice = r.json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "no call at all", "tool_calls": []} or (
+        choice["message"]["content"] == "no call at all" and not choice["message"].get("tool_calls"))
+
+
+@pytest.mark.anyio
+async def test_tool_choice_none_drops_call_syntax_when_the_parser_strips_it() -> None:
+    engine = engine_with('Hi.<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+                         parser="own-syntax")
+    client = await started(engine)
+    r = await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == "Hi." and not choice["message"].get("tool_calls")
+    assert choice["finish_reason"] == "stop"
