@@ -6,9 +6,9 @@ Reads py-spy's collapsed stacks (`py-spy record --format raw`, one line per dist
 prints:
 
 - samples per thread and, given the sampling window (`--rate`, `--duration-s`), the share of it
-  each thread was busy: py-spy leaves idle threads out unless `--idle`, so the event loop's thread
-  near 100% means a saturated loop; with `--idle`, samples waiting in the selector (`selectors.py`
-  at the leaf) are counted apart as the loop's headroom;
+  each thread was busy: samples whose leaf is a wait (selector, uvloop's C loop under `Runner.run`,
+  an idle thread-pool worker, a lock or queue wait: WAIT_LEAVES) count as waiting, so the event
+  loop's thread busy near 100% means a saturated loop;
 - the top N functions by self samples (leaf) and by inclusive samples (anywhere in the stack,
   once per stack), line numbers dropped so one function is one row;
 - self and inclusive samples per module group (asyncio, uvicorn, starlette, fastapi, pydantic,
@@ -30,9 +30,22 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+WAITING = "waiting (selector, uvloop in C, idle pool thread)"
+# Leaf frames that mean "this thread waits" (func pattern, file pattern). py-spy's own idle filter
+# let such samples through in a container (CPU check, 2026-12-02), so they are counted here. With
+# uvloop (the gateway's loop) the loop's C code has no Python frame: a leaf `Runner.run` is the loop
+# in epoll or in uvloop's C work (socket writes included), so the loop thread's busy share is the
+# Python work on it.
+WAIT_LEAVES: list[tuple[re.Pattern[str], re.Pattern[str]]] = [(re.compile(f), re.compile(p)) for f, p in [
+    (r".", r"(^|/)selectors\.py$"),
+    (r"^Runner\.run$|^run$|^BaseEventLoop\.run_(forever|until_complete)$", r"(asyncio/(runners|base_events)|uvloop/__init__)\.py$"),
+    (r"^_worker$", r"(^|/)concurrent/futures/thread\.py$"),
+    (r"wait|^Thread\.join", r"(^|/)threading\.py$"),
+    (r"^(Queue\.)?get$", r"(^|/)queue\.py$"),
+    (r"^wait$", r"(^|/)multiprocessing/connection\.py$"),
+]]
 # (group, pattern on a frame's file path); the first match wins, so specific before general.
 GROUPS: list[tuple[str, re.Pattern[str]]] = [(name, re.compile(pat)) for name, pat in [
-    ("event loop wait (idle)", r"(^|/)selectors\.py$"),
     ("vllm output processor", r"vllm/v1/engine/output_processor\.py$"),
     ("tokenizer / detokenizer", r"(vllm/v1/engine/detokenizer\.py|vllm/.*detokeniz|tokenizers/|transformers/tokenization)"),
     ("vllm async_llm / core client", r"vllm/v1/engine/(async_llm|core_client)\.py$"),
@@ -62,6 +75,11 @@ def split_frame(frame: str) -> tuple[str, str]:
 def function_key(frame: str) -> str:
     func, path = split_frame(frame)
     return f"{func} ({path})" if path else func
+
+
+def is_waiting(frame: str) -> bool:
+    func, path = split_frame(frame)
+    return any(f.search(func) and p.search(path) for f, p in WAIT_LEAVES)
 
 
 def group_of(frame: str) -> str:
@@ -114,9 +132,9 @@ def parse(text: str, thread: str | None = None) -> Profile:
         prof.stacks.append((label, frames, count))
         leaf = frames[-1]
         prof.self_fn[function_key(leaf)] += count
-        leaf_group = group_of(leaf)
+        leaf_group = WAITING if is_waiting(leaf) else group_of(leaf)
         prof.self_group[leaf_group] += count
-        if leaf_group == "event loop wait (idle)":
+        if leaf_group == WAITING:
             prof.thread_idle[label] += count
         for key in {function_key(f) for f in frames}:
             prof.incl_fn[key] += count
@@ -133,18 +151,18 @@ def report(prof: Profile, top: int = 25, window_samples: float | None = None) ->
     t = prof.total
     idle = sum(prof.thread_idle.values())
     busy = t - idle
-    out = [f"samples: {t} ({idle} waiting in the selector, {busy} busy)"
+    out = [f"samples: {t} ({idle} waiting: selector, uvloop in C, idle pool threads; {busy} busy)"
            + (f"; {prof.skipped_lines} unparsed lines" if prof.skipped_lines else "")]
-    out.append("\n== samples per thread (share of all; busy = non-selector samples / rate x duration; "
-               "selector wait = event-loop headroom)")
+    out.append("\n== samples per thread (share of all; busy = samples not waiting / (rate x duration): "
+               "the event loop's thread near 100% = a saturated loop)")
     for label, n in prof.threads.most_common():
         wait = prof.thread_idle.get(label, 0)
         busy_share = f"  [busy {100.0 * (n - wait) / window_samples:.0f}% of the window]" if window_samples else ""
         out.append(f"{_pct(n, t)}  {n:7d}  {label}{busy_share}"
-                   + (f"  [selector wait {_pct(wait, n).strip()} of its samples]" if wait else ""))
+                   + (f"  [waiting {_pct(wait, n).strip()} of its samples]" if wait else ""))
     out.append(f"\n== top {top} functions by self samples (% of all | % of busy)")
     for key, n in prof.self_fn.most_common(top):
-        out.append(f"{_pct(n, t)} | {_pct(n, busy) if group_of(key) != 'event loop wait (idle)' else '    -'}"
+        out.append(f"{_pct(n, t)} | {'    -' if is_waiting(key) else _pct(n, busy)}"
                    f"  {n:7d}  {key}")
     out.append(f"\n== top {top} functions by inclusive samples (% of all)")
     for key, n in prof.incl_fn.most_common(top):

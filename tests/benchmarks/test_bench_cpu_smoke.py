@@ -101,8 +101,8 @@ def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path
         [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu", "--text-prompts",
          "--ways", "inproc,gateway,vllm", "--concurrency", "2", "--repeats", "1", "--requests", "4",
          "--input-tokens", "64", "--output-tokens", "8", "--loadtest-workers", "1", "--out", str(out),
-         "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", "600"],
-        cwd=ROOT, capture_output=True, text=True, timeout=700)
+         "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", "900"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1000)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "the in-process way is left out" in proc.stdout
     recs = benchlib.load_jsonl([out])
