@@ -12,11 +12,19 @@ Then the client check (issue 14, goal 0): at the largest concurrency each HTTP w
 with twice the load-client processes; if the total moves by 3% or more, the client was a
 bottleneck and the run says so.
 
-Reported: per (way, concurrency) the median out tok/s and TTFT p50 over the repeats with the
-spread, the ratios of medians to in-process and to `vllm serve`, and the goal check.
+Reported: per (way, concurrency) the median out tok/s, TTFT p50 and TTFT p99 over the repeats
+with the spread, the ratios of medians to in-process and to `vllm serve`, and the goal check.
+
+`--text-prompts` (issue 14, goal 4): text prompts that the model's tokenizer encodes to exactly
+--input-tokens ids (loadtest `--text-prompts --tokenizer MODEL_DIR`), the same texts for every HTTP
+way, so each server tokenizes while it streams to the others. HTTP ways only: the in-process way
+has no HTTP tokenization step to compare and is left out.
 
     # GPU, one device call (vLLM 0.26 on PYTHONPATH): benchmarks/gpu/part2.sh with INTERLEAVED=1
     python3 benchmarks/http_interleaved.py --repeats 3 --loadtest-workers 4 --deadline-s 540 --out $OUT/i.jsonl
+    # GPU, text prompts at c = 64 (benchmarks/gpu/part2.sh with TEXT=1 INTERLEAVED=1 WAYS=gateway,vllm ...)
+    python3 benchmarks/http_interleaved.py --text-prompts --ways gateway,vllm --concurrency 64 --input-tokens 4096 \\
+        --output-tokens 16 --out $OUT/t.jsonl
     # CPU smoke with the embedded model
     .venv/bin/python benchmarks/http_interleaved.py --device cpu --concurrency 1,2 --repeats 2 \\
         --requests 4 --input-tokens 32 --output-tokens 8 --out /tmp/i.jsonl
@@ -95,9 +103,14 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (way, c), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], ho.WAYS.index(kv[0][0]))):
         tok = [r["output_token_throughput"] for r in rs]
         ttft = [r["ttft_p50_ms"] for r in rs if r["ttft_p50_ms"] is not None]
+        ttft99 = [r["ttft_p99_ms"] for r in rs if r.get("ttft_p99_ms") is not None]
         rows.append({"way": way, "concurrency": c, "repeats": len(rs), "out_tok_s_median": round(statistics.median(tok), 1),
                      "out_tok_s_min": round(min(tok), 1), "out_tok_s_max": round(max(tok), 1),
                      "ttft_p50_ms_median": round(statistics.median(ttft), 2) if ttft else None,
+                     "ttft_p50_ms_min": min(ttft) if ttft else None, "ttft_p50_ms_max": max(ttft) if ttft else None,
+                     "ttft_p99_ms_median": round(statistics.median(ttft99), 2) if ttft99 else None,
+                     "ttft_p99_ms_min": min(ttft99) if ttft99 else None,
+                     "ttft_p99_ms_max": max(ttft99) if ttft99 else None,
                      "failed": sum(r["failed"] or 0 for r in rs)})
     by = {(r["way"], r["concurrency"]): r for r in rows}
     for r in rows:
@@ -110,11 +123,14 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     f = benchlib.fmt_num
-    out = ["| concurrency | way | repeats | out tok/s median (min-max) | TTFT p50 median ms | vs in-process | vs vllm serve | failed |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| concurrency | way | repeats | out tok/s median (min-max) | TTFT p50 median ms (min-max) "
+           "| TTFT p99 median ms (min-max) | vs in-process | vs vllm serve | failed |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {r['concurrency']} | {ho.WAY_LABEL[r['way']]} | {r['repeats']} | {f(r['out_tok_s_median'])} "
-                   f"({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | {f(r['ttft_p50_ms_median'])} | "
+                   f"({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | {f(r['ttft_p50_ms_median'])} "
+                   f"({f(r.get('ttft_p50_ms_min'))}-{f(r.get('ttft_p50_ms_max'))}) | {f(r.get('ttft_p99_ms_median'))} "
+                   f"({f(r.get('ttft_p99_ms_min'))}-{f(r.get('ttft_p99_ms_max'))}) | "
                    f"{f(r.get('vs_inproc'))} | {f(r.get('vs_vllm'))} | {r['failed']} |")
     for ck in checks:
         out.append(f"\nClient check, {ck['way']} at c = {ck['concurrency']}: {ck['workers']} -> {ck['workers_doubled']} "
@@ -136,6 +152,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--loadtest-workers", type=int, default=4)
     ap.add_argument("--no-client-check", action="store_true")
+    ap.add_argument("--text-prompts", action="store_true", help="text prompts of exactly --input-tokens tokens "
+                    "(the model's tokenizer), tokenized by each server; HTTP ways only")
     ap.add_argument("--label", default=None)
     ap.add_argument("--out", type=Path, default=Path("http_interleaved.jsonl"))
     ap.add_argument("--workdir", type=Path, default=None)
@@ -153,8 +171,15 @@ def main() -> None:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     meta = {"run_id": run_id, "label": a.label or f"{a.device} interleaved", "device": a.device,
             "overrides": overrides.get("engine", {}), "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
-            "vocab_size": a.vocab_size, "interleaved": True}
+            "vocab_size": a.vocab_size, "interleaved": True,
+            "prompts": "text (loadtest --text-prompts --tokenizer MODEL_DIR)" if a.text_prompts else "token ids"}
     ways = a.ways.split(",")
+    if a.text_prompts:
+        a.text_tokenizer = str(settings.model_path())  # the tokenizer every server loads: exact lengths
+        if "inproc" in ways:
+            print("[interleaved] --text-prompts: the in-process way is left out (no HTTP tokenization step)",
+                  flush=True)
+            ways.remove("inproc")
     concurrencies = [int(x) for x in a.concurrency.split(",")]
     servers: dict[str, Any] = {}
     inproc: InprocCells | None = None

@@ -71,14 +71,17 @@ def client_workers(concurrency: int, workers: int) -> int:
 
 def loadtest_cmd(base_url: str, model: str, concurrency: int, requests: int, warmup: int,
                  input_tokens: int, output_tokens: int, vocab_size: int, seed: int, out: Path,
-                 workers: int = 1) -> list[str]:
-    """The one loadtest command both HTTP servers get (only --base-url and --out differ)."""
+                 workers: int = 1, text_tokenizer: str | None = None) -> list[str]:
+    """The one loadtest command both HTTP servers get (only --base-url and --out differ).
+    With `text_tokenizer` (the model directory) the prompts are text that this tokenizer encodes to
+    exactly `input_tokens` ids (loadtest decodes random ids and refits), so the server tokenizes."""
+    text = ["--text-prompts", "--tokenizer", text_tokenizer] if text_tokenizer else []
     return [sys.executable, "-m", "loadtest", "run", "--base-url", base_url, "--model", model,
             "--concurrency", str(concurrency), "-n", str(requests), "--warmup", str(warmup),
             "--input-len", str(input_tokens), "--output-len", str(output_tokens),
             "--vocab-size", str(vocab_size), "--ignore-eos", "--temperature", "0",
             "--seed", str(seed), "--timeout", "600", "--no-progress", "--out", str(out),
-            "--workers", str(client_workers(concurrency, workers))]
+            "--workers", str(client_workers(concurrency, workers))] + text
 
 
 def vllm_serve_cmd(kwargs: dict[str, Any], port: int) -> list[str]:
@@ -247,7 +250,8 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
     n = requests_for(c, a.requests)
     raw = workdir / f"{way}-c{c}-r{rep}-w{workers}.json"
     cmd_lt = loadtest_cmd(server.base_url, model, c, n, c, a.input_tokens, a.output_tokens, a.vocab_size,
-                          seed_for(a.seed + 100 * rep, c), raw, workers=workers)
+                          seed_for(a.seed + 100 * rep, c), raw, workers=workers,
+                          text_tokenizer=getattr(a, "text_tokenizer", None))
     with (workdir / f"{way}-loadtest.log").open("a") as lf:
         lf.write(f"\n==== {' '.join(cmd_lt)}\n")
         lf.flush()
@@ -263,6 +267,8 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
     summary = json.loads(raw.read_text())["runs"][0]["summary"]
     shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]
     shown[shown.index("--out") + 1] = "$RAW.json"
+    if "--tokenizer" in shown:
+        shown[shown.index("--tokenizer") + 1] = "$MODEL_DIR"
     shown[0] = "python"
     rec = result_line(way, c, summary, requests=n, warmup=c, repeat=rep,
                       loadtest_workers=client_workers(c, workers), loadtest_cmd=" ".join(shown), raw=raw.name, **meta)

@@ -91,3 +91,29 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     assert {(r["way"], r["concurrency"]) for r in summary if r["repeats"] == 2} == {
         (w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 4)}
     assert "| 4 | gateway (loadtest) | 2 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 14, goal 4 in small: text prompts of an exact token length, gateway and vllm serve only."""
+    out, doc = tmp_path / "t.jsonl", tmp_path / "t.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu", "--text-prompts",
+         "--ways", "inproc,gateway,vllm", "--concurrency", "2", "--repeats", "1", "--requests", "4",
+         "--input-tokens", "64", "--output-tokens", "8", "--loadtest-workers", "1", "--out", str(out),
+         "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", "900"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1000)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "the in-process way is left out" in proc.stdout
+    recs = benchlib.load_jsonl([out])
+    timed = [r for r in recs if not r.get("client_check")]
+    assert sorted(r["way"] for r in timed) == ["gateway", "vllm"], proc.stdout[-4000:]
+    for r in recs:
+        assert r["failed"] == 0 and r["total_output_tokens"] == 4 * 8, r
+        assert "--text-prompts --tokenizer $MODEL_DIR" in r["loadtest_cmd"], r["loadtest_cmd"]
+        assert r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0
+    # the same texts everywhere, each exactly 64 tokens as the server counts them
+    assert {r["total_input_tokens"] for r in timed} == {4 * 64}, [r["total_input_tokens"] for r in timed]
+    summary = json.loads(doc.read_text())["meta"]["summary"]
+    assert all(r["ttft_p99_ms_median"] is not None for r in summary)
+    assert "| TTFT p99 median ms (min-max) |" in proc.stdout and "| 2 | vllm serve (loadtest) | 1 |" in proc.stdout

@@ -170,7 +170,7 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
 
     def rec(way: str, c: int, tok: float, rep: int, **extra: object) -> dict:
         return {"bench": "http_overhead", "way": way, "concurrency": c, "output_token_throughput": tok,
-                "ttft_p50_ms": 10.0 + rep, "failed": 0, "repeat": rep, **extra}
+                "ttft_p50_ms": 10.0 + rep, "ttft_p99_ms": 40.0 + 10 * rep, "failed": 0, "repeat": rep, **extra}
 
     recs = [rec("inproc", 32, t, i) for i, t in enumerate((100.0, 90.0, 110.0))]
     recs += [rec("gateway", 32, t, i) for i, t in enumerate((99.0, 80.0, 120.0))]
@@ -183,5 +183,6 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
     assert rows["inproc"]["ttft_p50_ms_median"] == 11.0
     text = http_interleaved.table(list(rows.values()), [
         {"way": "gateway", "concurrency": 32, "workers": 4, "workers_doubled": 8, "change": 0.051}])
-    assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) |" in text
+    assert rows["inproc"]["ttft_p99_ms_median"] == 50.0 and rows["inproc"]["ttft_p99_ms_max"] == 60.0
+    assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) | 11.0 (10.0-12.0) | 50.0 (40.0-60.0) |" in text
     assert "+5.1% (THE CLIENT LIMITS THIS RUN)" in text
