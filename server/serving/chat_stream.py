@@ -57,15 +57,17 @@ class ChatChoiceStream:
         entries, self.pending = self.pending, []
         return entries
 
-    def _piece(self, delta: ChatDelta, logprobs: list[TokenLogprob] | None = None, **end: object) -> ChatStreamChoice:
+    def _piece(self, delta: ChatDelta, logprobs: list[TokenLogprob] | None = None,
+               finish_reason: str | None = None, stop_reason: int | str | None = None) -> ChatStreamChoice:
         entries = self._logprobs(logprobs) if logprobs is not None else None
-        return ChatStreamChoice(index=self.index, delta=delta, logprobs=entries, **end)  # type: ignore[arg-type]
+        return ChatStreamChoice(index=self.index, delta=delta, logprobs=entries,
+                                finish_reason=finish_reason, stop_reason=stop_reason)
 
     def feed(self, c: ChoiceOutput) -> list[ChatStreamChoice]:
         finished = c.finish_reason is not None
         if self.reasoning is None and self.tools is None:  # plain text: each delta as it comes
-            if finished:
-                self.stats.finish_reasons.append(c.finish_reason)  # type: ignore[arg-type]
+            if c.finish_reason is not None:
+                self.stats.finish_reasons.append(c.finish_reason)
             return [self._piece(ChatDelta(content=c.text), c.logprobs or [],
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)]
         self.pending.extend(c.logprobs or [])
@@ -83,10 +85,10 @@ class ChatChoiceStream:
                 pieces += self._finish_tools(c)
             return pieces
         if content or finished:
-            end = {"finish_reason": c.finish_reason, "stop_reason": c.stop_reason} if finished else {}
-            pieces.append(self._piece(ChatDelta(content=content or ""), self._take(), **end))
-            if finished:
-                self.stats.finish_reasons.append(c.finish_reason)  # type: ignore[arg-type]
+            pieces.append(self._piece(ChatDelta(content=content or ""), self._take(),
+                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        if c.finish_reason is not None:
+            self.stats.finish_reasons.append(c.finish_reason)
         return pieces
 
     def _finish_tools(self, c: ChoiceOutput) -> list[ChatStreamChoice]:
