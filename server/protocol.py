@@ -219,6 +219,9 @@ class ChatResponseMessage(BaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning: str | None = None
+    """The model's reasoning, split off by the profile's reasoning parser; vLLM's field name
+    (0.26 and 0.32 alike; they no longer send `reasoning_content`)."""
 
 
 class ChatChoice(BaseModel):
@@ -242,6 +245,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -264,6 +264,8 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         cmd += ["--chat-template", str(ROOT / "server" / "templates" / profile["chat_template"])]
     if profile.get("tool_call_parser"):
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", profile["tool_call_parser"]]
+    if profile.get("reasoning_parser"):  # the reference splits reasoning as the gateway does
+        cmd += ["--reasoning-parser", profile["reasoning_parser"]]
     if profile.get("enforce_eager"):
         cmd.append("--enforce-eager")
     if profile.get("enable_prefix_caching") is False:

@@ -17,6 +17,7 @@ from server.engine import (
     GenerationOutput,
     ParsedToolCall,
     SamplingOptions,
+    TokenLogprob,
     ToolCallExtraction,
 )
 from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
@@ -51,6 +52,42 @@ class FakeToolParser:
             ParsedToolCall("", c["name"], json.dumps(c["arguments"])) for c in calls])
 
 
+class FakeReasoningParser:
+    """`<think>reasoning</think>content`; streamed, a trailing piece that may begin a marker
+    waits for the next delta (as vLLM's parsers hold a split marker back)."""
+
+    keeps_special_tokens: bool = True
+    START, END = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = ("", "")
+
+    def _split(self, text: str, final: bool) -> tuple[str, str]:
+        if not text.startswith(self.START):
+            return ("", "") if not final and self.START.startswith(text) else ("", text)
+        body = text[len(self.START):]
+        if self.END in body:
+            reasoning, content = body.split(self.END, 1)
+            return reasoning, content
+        if not final:
+            body = next((body[:-k] for k in range(len(self.END) - 1, 0, -1)
+                         if body.endswith(self.END[:k])), body)
+        return body, ""
+
+    def extract(self, text: str) -> tuple[str | None, str | None]:
+        reasoning, content = self._split(text, True)
+        return reasoning or None, content or None
+
+    def stream(self, delta_text: str, delta_token_ids: Sequence[int], *,
+               finished: bool = False) -> tuple[str | None, str | None]:
+        self.text += delta_text
+        reasoning, content = self._split(self.text, finished)
+        out = (reasoning[len(self.sent[0]):] or None, content[len(self.sent[1]):] or None)
+        self.sent = (reasoning, content)
+        return out
+
+
 @dataclass
 class FakeEngine:
     """Echoes words: token i of the output is the word `w{i}`; fails on request when told to."""
@@ -74,6 +111,7 @@ class FakeEngine:
     reload_delay_s: float = 0.0
     weights_prefetched: list[str] = field(default_factory=list)
     reply: str | None = None  # set: every completion is this text, finish "stop" (two pieces when streamed)
+    reply_pieces: list[str] | None = None  # set: streamed as these deltas (one per token), joined otherwise
     rendered_tools: list[Any] = field(default_factory=list)  # `tools` of each render_chat call
     sampled: list[SamplingOptions] = field(default_factory=list)  # options of each make_sampling call
 
@@ -99,6 +137,9 @@ class FakeEngine:
         assert self.info.tool_call_parser, "tool_parser asked of an engine without one"
         return FakeToolParser(own_syntax=self.info.tool_call_parser == "own-syntax")
 
+    def reasoning_parser(self, prompt_token_ids: Sequence[int]) -> FakeReasoningParser | None:
+        return FakeReasoningParser() if self.info.reasoning_parser else None
+
     def tool_choice_schema(self, tools: list[dict[str, Any]], tool_choice: Any,
                            parallel_tool_calls: bool | None) -> dict[str, Any] | None:
         if isinstance(tool_choice, dict):
@@ -110,14 +151,23 @@ class FakeEngine:
     async def _reply(self, request_id: str, prompt_token_ids: list[int], sampling: Any,
                      reply: str) -> AsyncIterator[GenerationOutput]:
         pieces = [reply[: len(reply) // 2], reply[len(reply) // 2:]] if sampling.stream else [reply]
+        if self.reply_pieces is not None:
+            pieces = list(self.reply_pieces) if sampling.stream else ["".join(self.reply_pieces)]
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            choices = [ChoiceOutput(k, piece, [i], None, "stop" if last else None, None) for k in range(sampling.n)]
+            ids, logprobs = [i], None
+            if self.reply_pieces is not None:  # one token per piece, each with a logprob when asked
+                ids = list(range(len(self.reply_pieces))) if not sampling.stream else [i]
+                texts = self.reply_pieces if not sampling.stream else [piece]
+                if sampling.logprobs is not None:
+                    logprobs = [TokenLogprob(t, text, -0.5, []) for t, text in zip(ids, texts, strict=True)]
+            choices = [ChoiceOutput(k, piece, ids, logprobs, "stop" if last else None, None)
+                       for k in range(sampling.n)]
             yield GenerationOutput(request_id, prompt_token_ids, None, choices, last)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], sampling: Any) -> AsyncIterator[GenerationOutput]:
-        if self.reply is not None:
-            async for out in self._reply(request_id, prompt_token_ids, sampling, self.reply):
+        if self.reply is not None or self.reply_pieces is not None:
+            async for out in self._reply(request_id, prompt_token_ids, sampling, self.reply or ""):
                 yield out
             return
         if self.running == 0:

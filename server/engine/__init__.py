@@ -4,6 +4,7 @@
 - `runtime`: environment, engine arguments and the abandonable start (no vLLM import);
 - `compat`: one function per difference between the supported vLLM releases (0.26 and 0.32);
 - `tool_parsing`: vLLM's tool-call parsers and tool-choice schemas behind plain data;
+- `reasoning_parsing`: vLLM's reasoning parsers (reasoning split from content) behind plain data;
 - `vllm_engine`: `VllmEngine`, `AsyncLLM` behind the Protocol.
 """
 
@@ -21,6 +22,7 @@ from server.engine.types import (
     EngineProgress,
     GenerationOutput,
     ParsedToolCall,
+    ReasoningParser,
     SamplingOptions,
     ToolCallExtraction,
     ToolCallParser,
@@ -36,6 +38,7 @@ __all__ = [
     "EngineProgress",
     "GenerationOutput",
     "ParsedToolCall",
+    "ReasoningParser",
     "SamplingOptions",
     "ToolCallExtraction",
     "ToolCallParser",

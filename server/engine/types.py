@@ -117,6 +117,26 @@ class ToolCallParser(Protocol):
     def extract(self, text: str) -> ToolCallExtraction: ...
 
 
+class ReasoningParser(Protocol):
+    """One choice's reasoning parser: splits the model's reasoning (e.g. Gemma 4's
+    `<|channel>...<channel|>`) from its content, as `vllm serve --reasoning-parser` does."""
+
+    keeps_special_tokens: bool
+    """Whether the parser needs special tokens in the text (`skip_special_tokens=False`, what
+    vLLM's `adjust_request` sets for gemma4, whose markers are special tokens)."""
+
+    def extract(self, text: str) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a finished choice."""
+        ...
+
+    def stream(
+        self, delta_text: str, delta_token_ids: Sequence[int], *, finished: bool = False
+    ) -> tuple[str | None, str | None]:
+        """(reasoning delta, content delta) of one streamed delta of this choice, in order;
+        `finished` on its last delta (what the parser still holds comes out then)."""
+        ...
+
+
 @dataclass(slots=True)
 class EngineInfo:
     served_model_name: str
@@ -129,6 +149,8 @@ class EngineInfo:
     default_sampling: dict[str, Any] = field(default_factory=dict)
     tool_call_parser: str | None = None
     """The profile's `engine.tool_call_parser` (None: `tool_choice` auto is refused)."""
+    reasoning_parser: str | None = None
+    """The profile's `engine.reasoning_parser` (None: the output is all content)."""
 
 
 @dataclass(slots=True)
@@ -175,6 +197,11 @@ class Engine(Protocol):
     ) -> dict[str, Any] | None:
         """The JSON schema `required` or a named `tool_choice` constrains the output to, as
         `vllm serve` builds it; None for `auto` and `none`."""
+        ...
+
+    def reasoning_parser(self, prompt_token_ids: Sequence[int]) -> ReasoningParser | None:
+        """A fresh parser for one choice of a request with this prompt (which may leave
+        reasoning open), built from `info.reasoning_parser`; None when the profile has none."""
         ...
 
     def make_sampling(self, options: SamplingOptions) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from server.engine import compat, tool_parsing, worker_extension
+from server.engine import compat, reasoning_parsing, tool_parsing, worker_extension
 from server.engine.runtime import engine_args_kwargs, prepare_engine_environment, run_abandonable
 from server.engine.types import (
     ChoiceOutput,
@@ -142,6 +142,8 @@ class VllmEngine:
 
             if settings.engine.tool_call_parser:  # refused before the model loads
                 tool_parsing.check_tool_parser_name(settings.engine.tool_call_parser)
+            if settings.engine.reasoning_parser:
+                reasoning_parsing.check_reasoning_parser_name(settings.engine.reasoning_parser)
             known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
             unknown = sorted(set(kwargs) - known)
             if unknown:
@@ -178,6 +180,7 @@ class VllmEngine:
                 kv_sharing_fast_prefill=settings.engine.kv_sharing_fast_prefill,
                 default_sampling=dict(model_config.get_diff_sampling_param() or {}),
                 tool_call_parser=settings.engine.tool_call_parser,
+                reasoning_parser=settings.engine.reasoning_parser,
             )
         except BaseException:
             llm.shutdown()
@@ -222,6 +225,11 @@ class VllmEngine:
         self, tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None
     ) -> dict[str, Any] | None:
         return tool_parsing.tool_choice_json_schema(tools, tool_choice, parallel_tool_calls)
+
+    def reasoning_parser(self, prompt_token_ids: Sequence[int]) -> reasoning_parsing.VllmReasoningParser | None:
+        if not self.info.reasoning_parser:
+            return None
+        return reasoning_parsing.VllmReasoningParser(self.info.reasoning_parser, self._tokenizer, prompt_token_ids)
 
     # -- generation ----------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from server.engine import ChoiceOutput, Engine, GenerationOutput, TokenLogprob
+from server.engine import Engine, GenerationOutput, ReasoningParser
 from server.errors import InvalidRequestError
 from server.protocol import (
     ChatChoice,
@@ -14,14 +14,9 @@ from server.protocol import (
     ChatCompletionResponse,
     ChatCompletionStreamResponse,
     ChatDelta,
-    ChatLogprobContent,
-    ChatLogprobs,
-    ChatLogprobTop,
     ChatMessage,
     ChatResponseMessage,
     ChatStreamChoice,
-    ToolCallDelta,
-    ToolCallFunctionDelta,
 )
 from server.serving.common import (
     DONE_EVENT,
@@ -39,6 +34,7 @@ from server.serving.common import (
     sse,
     sse_error,
 )
+from server.serving.chat_stream import ChatChoiceStream, chat_logprobs
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
 
 
@@ -99,55 +95,6 @@ def structured_output(req: ChatCompletionRequest, plan: ToolPlan | None = None) 
     return {"json": fmt.json_schema.schema_}
 
 
-def chat_logprobs(entries: list[TokenLogprob], top: int) -> ChatLogprobs:
-    content = []
-    for e in entries:
-        logprob = e.logprob if e.logprob is not None else -9999.0
-        tops = [
-            ChatLogprobTop(token=c.token, logprob=c.logprob, bytes=list(c.token.encode("utf-8", "replace")))
-            for c in (e.candidates or [])[:top]
-        ]
-        content.append(ChatLogprobContent(
-            token=e.token, logprob=logprob, bytes=list(e.token.encode("utf-8", "replace")), top_logprobs=tops
-        ))
-    return ChatLogprobs(content=content)
-
-
-class HeldToolStream:
-    """A streamed choice whose text must be read for tool calls: held until it finishes, then
-    sent as OpenAI's deltas (content, then one `tool_calls` delta per call, then the finish)."""
-
-    def __init__(self, plan: ToolPlan, stats: RequestStats) -> None:
-        self.plan = plan
-        self.stats = stats
-        self.text: dict[int, str] = {}
-        self.logprobs: dict[int, list[TokenLogprob]] = {}
-
-    def hold(self, c: ChoiceOutput, req: ChatCompletionRequest) -> list[ChatStreamChoice]:
-        self.text[c.index] = self.text.get(c.index, "") + c.text
-        self.logprobs.setdefault(c.index, []).extend(c.logprobs or [])
-        if c.finish_reason is None:
-            return []
-        content, calls, finish_reason = read_tool_calls(self.plan, self.text.pop(c.index), c.finish_reason)
-        if finish_reason:
-            self.stats.finish_reasons.append(finish_reason)
-        logprobs = chat_logprobs(self.logprobs.pop(c.index), req.top_logprobs or 0) if req.logprobs else None
-        pieces = []
-        if content:
-            pieces.append(ChatStreamChoice(index=c.index, delta=ChatDelta(content=content), logprobs=logprobs))
-            logprobs = None
-        for i, call in enumerate(calls):
-            pieces.append(ChatStreamChoice(index=c.index, delta=ChatDelta(tool_calls=[ToolCallDelta(
-                index=i, id=call.id, type="function",
-                function=ToolCallFunctionDelta(name=call.function.name, arguments=call.function.arguments),
-            )])))
-        pieces.append(ChatStreamChoice(
-            index=c.index, delta=ChatDelta(), logprobs=logprobs,
-            finish_reason=finish_reason, stop_reason=c.stop_reason,
-        ))
-        return pieces
-
-
 class ChatService(GenerationService):
     def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
@@ -168,6 +115,7 @@ class ChatService(GenerationService):
     ) -> ChatCompletionResponse | EventStream:
         stats = stats or RequestStats()
         plan = ToolPlan()
+        reasoners: list[ReasoningParser | None] = []  # one per choice: parsers keep stream state
 
         def prepare(engine: Engine) -> AsyncIterator[GenerationOutput]:
             nonlocal plan
@@ -184,20 +132,24 @@ class ChatService(GenerationService):
             )
             if not plan.skip_special_tokens:  # as vLLM's tool parser asks: call tags may be special tokens
                 options.skip_special_tokens = False
+            reasoners[:] = [engine.reasoning_parser(ids) for _ in range(req.n)]
+            if any(r is not None and r.keeps_special_tokens for r in reasoners):
+                options.skip_special_tokens = False  # vLLM's adjust_request for e.g. gemma4
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
             return guarded(engine.generate(request_id, ids, sampling), self.limits)
 
         return await serve_on_lease(
             self.holder, prepare,
-            (lambda stream: self._stream(req, request_id, stream, stats, plan)) if req.stream else None,
-            lambda stream: self._complete(req, request_id, stream, stats, plan),
+            (lambda stream: self._stream(req, request_id, stream, stats, plan, reasoners)) if req.stream else None,
+            lambda stream: self._complete(req, request_id, stream, stats, plan, reasoners),
             text_chars=prompt_chars(req.messages) + prompt_chars(req.tools),
         )
 
     async def _complete(
         self, req: ChatCompletionRequest, request_id: str,
         stream: AsyncIterator[GenerationOutput], stats: RequestStats, plan: ToolPlan,
+        reasoners: list[ReasoningParser | None],
     ) -> ChatCompletionResponse:
         final: GenerationOutput | None = None
         try:
@@ -211,12 +163,17 @@ class ChatService(GenerationService):
         choices = []
         for c in sorted(final.choices, key=lambda c: c.index):
             stats.completion_tokens += len(c.token_ids)
-            content, calls, finish_reason = read_tool_calls(plan, c.text, c.finish_reason)
+            reasoner = reasoners[c.index] if c.index < len(reasoners) else None
+            # As vLLM: reasoning is split off first, tool calls are read from the content.
+            reasoning, text = reasoner.extract(c.text) if reasoner is not None else (None, c.text)
+            content, calls, finish_reason = read_tool_calls(plan, text or "", c.finish_reason)
+            if text is None and not calls and plan.mode in ("none", "auto"):
+                content = None  # all reasoning: no content, as vLLM answers it
             if finish_reason:
                 stats.finish_reasons.append(finish_reason)
             choices.append(ChatChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=content, tool_calls=calls),
+                message=ChatResponseMessage(content=content, tool_calls=calls, reasoning=reasoning),
                 logprobs=chat_logprobs(c.logprobs or [], req.top_logprobs or 0) if req.logprobs else None,
                 finish_reason=finish_reason,
                 stop_reason=c.stop_reason,
@@ -233,6 +190,7 @@ class ChatService(GenerationService):
     async def _stream(
         self, req: ChatCompletionRequest, request_id: str,
         stream: AsyncIterator[GenerationOutput], stats: RequestStats, plan: ToolPlan,
+        reasoners: list[ReasoningParser | None],
     ) -> AsyncIterator[str]:
         created = int(time.time())
         model = self.holder.settings.served_model_name
@@ -240,7 +198,8 @@ class ChatService(GenerationService):
         def chunk(choice: ChatStreamChoice) -> str:
             # Like OpenAI and vLLM: a delta carries only what it sets, stop_reason only at the end.
             exclude: dict[str, Any] = {
-                "delta": {k for k in ("role", "content", "tool_calls") if getattr(choice.delta, k) is None}
+                "delta": {k for k in ("role", "content", "reasoning", "tool_calls")
+                          if getattr(choice.delta, k) is None}
             }
             if choice.finish_reason is None:
                 exclude["stop_reason"] = True
@@ -248,7 +207,8 @@ class ChatService(GenerationService):
                 id=request_id, created=created, model=model, choices=[choice]
             ).model_dump_json(exclude={"usage": True, "choices": {0: exclude}}))
 
-        held = HeldToolStream(plan, stats)
+        choices = [ChatChoiceStream(index, req, plan, reasoners[index] if index < len(reasoners) else None, stats)
+                   for index in range(req.n)]
         try:
             for index in range(req.n):
                 yield chunk(ChatStreamChoice(index=index, delta=ChatDelta(role="assistant", content="")))
@@ -259,19 +219,8 @@ class ChatService(GenerationService):
                     stats.completion_tokens += len(c.token_ids)
                     if stats.first_token_at is None:
                         stats.first_token_at = time.monotonic()
-                    if plan.parses_output:
-                        for piece in held.hold(c, req):
-                            yield chunk(piece)
-                        continue
-                    if c.finish_reason:
-                        stats.finish_reasons.append(c.finish_reason)
-                    logprobs = None
-                    if req.logprobs:
-                        logprobs = chat_logprobs(c.logprobs or [], req.top_logprobs or 0)
-                    yield chunk(ChatStreamChoice(
-                        index=c.index, delta=ChatDelta(content=c.text), logprobs=logprobs,
-                        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                    ))
+                    for piece in choices[c.index].feed(c):
+                        yield chunk(piece)
             stats.completed = True
             if req.stream_options and req.stream_options.include_usage:
                 usage = stats.usage()

@@ -4,6 +4,7 @@ streamed: a forced call, the client runs the tool, sends the result, gets the fi
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import openai
@@ -72,6 +73,25 @@ def test_tool_loop_streamed(client: openai.OpenAI) -> None:
     call = calls[0]
     assert call["id"].startswith("call_")
     assert finish_loop(client, messages, call["id"], call["name"], call["arguments"])
+
+
+def test_streamed_answer_with_tools_present_arrives_piece_by_piece(client: openai.OpenAI) -> None:
+    # Agents always send tools: their text answers must still stream (only a call is held).
+    arrivals: list[tuple[float, str]] = []  # (time, content) of each content delta
+    finished_at = None
+    for chunk in client.chat.completions.create(
+        model=SERVED_NAME, messages=[{"role": "user", "content": "Write two sentences about the sea."}],
+        tools=[WEATHER], tool_choice="auto", max_tokens=40, temperature=0, stream=True,
+    ):
+        for choice in chunk.choices:
+            if choice.delta.content:
+                arrivals.append((time.monotonic(), choice.delta.content))
+            if choice.finish_reason:
+                finished_at = time.monotonic()
+                assert choice.finish_reason in ("stop", "length")
+                assert not choice.delta.tool_calls
+    assert finished_at is not None and len(arrivals) > 1, arrivals
+    assert arrivals[0][0] < arrivals[-1][0] <= finished_at, "the first content came with the last token"
 
 
 def test_tool_result_for_an_unknown_call_is_a_400(client: openai.OpenAI) -> None:

@@ -39,7 +39,6 @@ VLLM_ONLY_MESSAGE_FIELDS = {
     "annotations": "web-search annotations; always null here",
     "audio": "audio output; text-only models",
     "function_call": "deprecated OpenAI field; always null without a tool parser",
-    "reasoning": "reasoning-parser output; no reasoning parser is configured",
     "tool_calls": "compared in test_vllm_parity_tools.py; an empty list is sent by the gateway, left out by vLLM 0.32",
 }
 VLLM_ONLY_CHOICE_FIELDS = {

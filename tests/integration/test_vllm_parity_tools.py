@@ -5,9 +5,9 @@ Compared per choice: the tool calls (name and parsed arguments), the content and
 reason; streams are folded first (content concatenated, `delta.tool_calls` merged by index).
 Deliberate differences from `vllm serve`:
 - call ids: OpenAI's `call_<hex>` where vLLM's hermes parser gives `chatcmpl-tool-<hex>`;
-- streaming with tools: the gateway holds a choice's text until it finishes, then sends its
-  content, one complete `tool_calls` delta per call and the finish (vLLM streams the arguments
-  piece by piece); the folded result is the same;
+- streaming with tools: the gateway streams a choice's content until the parser's call opener,
+  holds the rest until the choice finishes, then sends one complete `tool_calls` delta per call
+  and the finish (vLLM streams the arguments piece by piece); the folded result is the same;
 - an empty content ("" or null) is compared as equal: vLLM 0.26 and 0.32 differ among themselves;
 - a streamed `required` choice cut off by max_tokens: vLLM streams the calls of the unfinished
   array (the last one with partial arguments), the gateway reads the array once it ends and
