@@ -147,9 +147,11 @@ def output_items(plan: ToolPlan, text: str, finish_reason: str | None, status: s
     if content:
         items.append(OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
                                    content=[OutputText(text=content)]))
+    # Parsed calls are whole; a named call's arguments are the raw output, which may be cut off.
+    call_status = status if plan.mode == "named" else "completed"
     items.extend(
         FunctionCallOutput(id=new_function_call_id(), call_id=call.id, name=call.function.name,
-                           arguments=call.function.arguments, status=status)  # type: ignore[arg-type]
+                           arguments=call.function.arguments, status=call_status)  # type: ignore[arg-type]
         for call in calls
     )
     return items, finish_reason

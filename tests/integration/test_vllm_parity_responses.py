@@ -64,7 +64,7 @@ PARAM_RENAMES = {"response_id": "previous_response_id", "max_tokens": "max_outpu
 
 def post(base_url: str, endpoint: str, body: dict[str, Any]) -> tuple[int, Any]:
     body = {"model": SERVED_NAME, **body}
-    with httpx.Client(base_url=base_url, timeout=120) as client:
+    with httpx.Client(base_url=base_url, timeout=300) as client:  # loaded CI machines
         if not body.get("stream"):
             r = client.post(endpoint, json=body)
             return r.status_code, r.json()
@@ -184,10 +184,11 @@ def test_tokenize_same_as_vllm(case: dict[str, Any], gateway: ServerProcess, vll
 # - a streamed response with tools holds the text until generation ends, then sends each item's
 #   events with the text or arguments as one delta (vLLM streams them piece by piece); folded,
 #   the events and the final response are the same (as chat's tool streams);
-# - the echoed `tools` carry the fields the client sent; vLLM echoes every field of the OpenAI
-#   SDK's FunctionTool model (null where unset: allowed_callers, defer_loading, ...);
-# - a function_call item's `status` is "incomplete" when max_output_tokens cut its arguments
-#   (like the message item's, above); vLLM says "completed" there;
+# - the echoed `tools` carry type, name, description, parameters, strict and any other field the
+#   client sent; vLLM echoes every field of its OpenAI SDK's FunctionTool model (null where unset:
+#   allowed_callers, defer_loading, ...), which changes with the SDK version;
+# - a named function_call item's `status` is "incomplete" when max_output_tokens cut its
+#   arguments (like the message item's, above); vLLM says "completed" there;
 # - a `function_call_output` whose call_id answers no earlier `function_call` item is a 400
 #   (param "input") here, as chat refuses such a tool message; vLLM renders it anyway;
 # - `tool_choice: "none"` with tools: the tools stay in the prompt, as in chat and vLLM 0.32;
