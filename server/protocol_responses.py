@@ -1,4 +1,4 @@
-"""`/v1/responses` wire models (OpenAI Responses API, text only, no tools, nothing stored).
+"""`/v1/responses` wire models (OpenAI Responses API: text and function tools, nothing stored).
 
 The response object carries the fields the OpenAI SDK's `Response` model reads and `vllm serve`
 sends, less vLLM's own plumbing (see tests/integration/test_vllm_parity_responses.py for the
@@ -9,9 +9,9 @@ numbered by `sequence_number`.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from server.protocol import ApiRequest
 
@@ -31,11 +31,68 @@ class InputMessage(BaseModel):
     content: str | list[InputText]
 
 
+class FunctionCallItem(BaseModel):
+    """An earlier call of the model (an output item sent back): joins the assistant turn before it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str = Field(..., min_length=1)
+    arguments: str = Field(..., description="The call's arguments, a JSON object as text.")
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutputItem(BaseModel):
+    """The result of an earlier `function_call` (same `call_id`): a `tool` message to the model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _item_type(item: Any) -> str:
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
+    return kind if isinstance(kind, str) else "message"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (the Responses shape: name and schema at the top level)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"]
+    name: str = Field(..., min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema object for the arguments.")
+    strict: bool | None = None
+
+
+class FunctionToolChoice(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
 class ResponsesRequest(ApiRequest):
     """`POST /v1/responses` body. Sampling extensions beyond OpenAI's are those vLLM accepts here too."""
 
     model: str | None = None
-    input: str | list[InputMessage] = Field(..., description="A user message as text, or a list of messages.")
+    input: str | list[InputItem] = Field(
+        ..., description="A user message as text, or a list of items: messages, `function_call` items the "
+        "model made earlier and `function_call_output` items answering them.")
     instructions: str | None = Field(None, description="A system message put before `input`.")
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -51,9 +108,11 @@ class ResponsesRequest(ApiRequest):
     metadata: dict[str, str] | None = None
     previous_response_id: str | None = Field(
         None, description="Refused (404, like an unknown id): responses are not stored, so none can be continued.")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported yet: a non-empty list is refused (400).")
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    tools: list[FunctionTool] | None = Field(None, description="Functions the model may call (`function_call` "
+                                            "output items).")
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = Field(
+        None, description='"auto" (the default with tools), "none", "required" or {"type": "function", "name": ...}.')
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call per response.")
     user: str | None = None
 
 
@@ -70,6 +129,20 @@ class OutputMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
     content: list[OutputText]
+
+
+class FunctionCallOutput(BaseModel):
+    """A call the model made: run it and send it back with a `function_call_output` of the same call_id."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+OutputItem = OutputMessage | FunctionCallOutput
 
 
 class InputTokensDetails(BaseModel):
@@ -99,7 +172,7 @@ class ResponseObject(BaseModel):
     status: Literal["in_progress", "completed", "incomplete", "failed"]
     incomplete_details: IncompleteDetails | None = None
     model: str
-    output: list[OutputMessage] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
     usage: ResponseUsage | None = None
     instructions: str | None = None
     metadata: dict[str, str] | None = None
@@ -109,7 +182,7 @@ class ResponseObject(BaseModel):
     presence_penalty: float
     frequency_penalty: float
     tools: list[Any] = Field(default_factory=list)
-    tool_choice: Literal["none"] = "none"
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice = "none"
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = None
     background: bool = False
@@ -141,7 +214,7 @@ class OutputItemEvent(StreamEvent):
     """response.output_item.added / response.output_item.done."""
 
     output_index: int = 0
-    item: OutputMessage
+    item: OutputItem
 
 
 class ContentPartEvent(StreamEvent):
@@ -151,6 +224,21 @@ class ContentPartEvent(StreamEvent):
     output_index: int = 0
     content_index: int = 0
     part: OutputText
+
+
+class FunctionCallArgumentsDeltaEvent(StreamEvent):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDoneEvent(StreamEvent):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    item_id: str
+    output_index: int
+    arguments: str
+    name: str
 
 
 class TextDeltaEvent(StreamEvent):

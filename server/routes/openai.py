@@ -189,7 +189,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     "/v1/responses",
     response_model=ResponseObject,
     responses={**ERROR_RESPONSES, 200: RESPONSE_EVENTS},
-    summary="Create a response (OpenAI Responses API; text only, no tools, nothing stored)",
+    summary="Create a response (OpenAI Responses API; text and function tools, nothing stored)",
 )
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     service: ResponsesService = request.app.state.responses

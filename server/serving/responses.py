@@ -1,24 +1,26 @@
-"""`/v1/responses` (OpenAI Responses API, text only): input items -> chat template -> one
-generation -> a response object, or its SSE lifecycle events.
+"""`/v1/responses` (OpenAI Responses API, text and function tools): input items -> chat template
+-> one generation -> a response object, or its SSE lifecycle events.
 
 The generation runs exactly as chat's does (engine lease, timeouts, stats), so drain, reload,
-tenants, metrics and access logs treat it the same. Nothing is stored: `store` is accepted and
+tenants, metrics and access logs treat it the same. Tools go through chat's tool machinery
+(server.serving.responses_items converts the shapes). Nothing is stored: `store` is accepted and
 ignored (as `vllm serve` does by default) and `previous_response_id` is refused.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
-from server.errors import InvalidRequestError, NotFoundError, responses_error_event
+from server.errors import NotFoundError, responses_error_event
 from server.protocol_responses import (
     ContentPartEvent,
+    FunctionCallOutput,
     IncompleteDetails,
+    OutputItem,
     OutputItemEvent,
     OutputMessage,
     OutputText,
@@ -43,6 +45,15 @@ from server.serving.common import (
     serve_on_lease,
     stream_failure,
 )
+from server.serving.responses_items import (
+    echoed_tool_choice,
+    function_call_events,
+    input_messages,
+    new_message_id,
+    output_items,
+    plan_response_tools,
+)
+from server.serving.tools import ToolPlan
 
 
 @dataclass
@@ -78,22 +89,7 @@ class _SamplingFields:
 class _Prepared:
     stream: AsyncIterator[GenerationOutput]
     options: SamplingOptions
-
-
-def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """`instructions` as a system message, then `input` (text is one user message)."""
-    messages: list[dict[str, Any]] = []
-    if req.instructions is not None:
-        messages.append({"role": "system", "content": req.instructions})
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-        return messages
-    if not req.input:
-        raise InvalidRequestError("input must contain at least one message.", param="input")
-    for item in req.input:
-        content = item.content if isinstance(item.content, str) else "\n".join(p.text for p in item.content)
-        messages.append({"role": item.role, "content": content})
-    return messages
+    plan: ToolPlan
 
 
 def sse_event(event: StreamEvent) -> str:
@@ -103,8 +99,6 @@ def sse_event(event: StreamEvent) -> str:
 class ResponsesService(GenerationService):
     def _check(self, engine: Engine, req: ResponsesRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
-        if req.tools:
-            raise InvalidRequestError("tools are not supported yet on /v1/responses.", param="tools")
         if req.previous_response_id is not None:
             # The status OpenAI and `vllm serve` give an unknown id: here every id is unknown.
             raise NotFoundError(
@@ -120,24 +114,30 @@ class ResponsesService(GenerationService):
 
         def prepare(engine: Engine) -> _Prepared:
             self._check(engine, req)
+            plan = plan_response_tools(engine, req)
             ids = chat_prompt_ids(engine, input_messages(req), add_generation_prompt=True,
-                                  continue_final_message=False, param="input")
+                                  continue_final_message=False, param="input", tools=plan.tools)
             max_tokens = resolve_max_tokens(req.max_output_tokens, len(ids), engine.info.max_model_len,
                                             param="max_output_tokens", prompt_param="input")
-            options = sampling_options(engine, _SamplingFields.of(req), max_tokens, logprobs=None)
+            structured = plan.structured
+            options = sampling_options(engine, _SamplingFields.of(req), max_tokens, logprobs=None,
+                                       structured=structured)
+            if not plan.skip_special_tokens:  # as chat: call tags may be special tokens
+                options.skip_special_tokens = False
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
-            return _Prepared(guarded(engine.generate(request_id, ids, sampling), self.limits), options)
+            return _Prepared(guarded(engine.generate(request_id, ids, sampling), self.limits), options, plan)
 
         return await serve_on_lease(
             self.holder, prepare,
             (lambda prepared: self._stream(req, request_id, prepared, stats)) if req.stream else None,
             lambda prepared: self._complete(req, request_id, prepared, stats),
-            text_chars=prompt_chars(req.input) + prompt_chars(req.instructions),
+            text_chars=prompt_chars(req.input) + prompt_chars(req.instructions)
+            + prompt_chars([t.model_dump() for t in req.tools or []]),
         )
 
     def _response(self, req: ResponsesRequest, request_id: str, options: SamplingOptions, *,
-                  created_at: int, status: str, output: list[OutputMessage],
+                  created_at: int, status: str, output: list[OutputItem],
                   stats: RequestStats | None) -> ResponseObject:
         usage = None
         if stats is not None:
@@ -150,6 +150,8 @@ class ResponsesService(GenerationService):
             instructions=req.instructions, metadata=req.metadata, max_output_tokens=options.max_tokens,
             temperature=options.temperature, top_p=options.top_p, presence_penalty=options.presence_penalty,
             frequency_penalty=options.frequency_penalty, user=req.user,
+            tools=[t.model_dump() for t in req.tools or []], tool_choice=echoed_tool_choice(req),
+            parallel_tool_calls=req.parallel_tool_calls is not False,
         )
 
     @staticmethod
@@ -170,20 +172,20 @@ class ResponsesService(GenerationService):
         assert final is not None
         choice = final.choices[0]
         stats.completion_tokens = len(choice.token_ids)
-        if choice.finish_reason:
-            stats.finish_reasons.append(choice.finish_reason)
         status = self._status(choice.finish_reason)
-        message = OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
-                                content=[OutputText(text=choice.text)])
+        output, finish_reason = output_items(prepared.plan, choice.text, choice.finish_reason, status)
+        if finish_reason:
+            stats.finish_reasons.append(finish_reason)
         stats.completed = True
         return self._response(req, request_id, prepared.options, created_at=created_at, status=status,
-                              output=[message], stats=stats)
+                              output=output, stats=stats)
 
     async def _stream(self, req: ResponsesRequest, request_id: str, prepared: _Prepared,
                       stats: RequestStats) -> AsyncIterator[str]:
         created_at = int(time.time())
         sequence = 0
         item_id = new_message_id()
+        held = prepared.plan.parses_output  # tools: the text is read for calls once it ends
 
         def numbered(event_type: type[StreamEvent], **fields: Any) -> str:
             nonlocal sequence
@@ -191,17 +193,16 @@ class ResponsesService(GenerationService):
             sequence += 1
             return sse_event(event)
 
-        def response(status: str, output: list[OutputMessage], with_usage: bool) -> ResponseObject:
+        def response(status: str, output: list[OutputItem], with_usage: bool) -> ResponseObject:
             return self._response(req, request_id, prepared.options, created_at=created_at, status=status,
                                   output=output, stats=stats if with_usage else None)
 
         try:
             yield numbered(ResponseEvent, type="response.created", response=response("in_progress", [], False))
             yield numbered(ResponseEvent, type="response.in_progress", response=response("in_progress", [], False))
-            yield numbered(OutputItemEvent, type="response.output_item.added",
-                           item=OutputMessage(id=item_id, status="in_progress", content=[]))
-            yield numbered(ContentPartEvent, type="response.content_part.added", item_id=item_id,
-                           part=OutputText(text=""))
+            if not held:
+                for event_type, fields in _message_opening(item_id):
+                    yield numbered(event_type, **fields)
             text: list[str] = []
             finish_reason: str | None = None
             async for out in prepared.stream:
@@ -211,24 +212,49 @@ class ResponsesService(GenerationService):
                     stats.first_token_at = time.monotonic()
                 if choice.finish_reason:
                     finish_reason = choice.finish_reason
-                    stats.finish_reasons.append(choice.finish_reason)
                 if choice.text:
                     text.append(choice.text)
-                    yield numbered(TextDeltaEvent, item_id=item_id, delta=choice.text)
+                    if not held:
+                        yield numbered(TextDeltaEvent, item_id=item_id, delta=choice.text)
             full = "".join(text)
             status = self._status(finish_reason)
-            part = OutputText(text=full)
-            message = OutputMessage(id=item_id, status=status, content=[part])  # type: ignore[arg-type]
-            yield numbered(TextDoneEvent, item_id=item_id, text=full)
-            yield numbered(ContentPartEvent, type="response.content_part.done", item_id=item_id, part=part)
-            yield numbered(OutputItemEvent, type="response.output_item.done", item=message)
+            output, finish_reason = output_items(prepared.plan, full, finish_reason, status)
+            if finish_reason:
+                stats.finish_reasons.append(finish_reason)
+            for index, item in enumerate(output):
+                if isinstance(item, FunctionCallOutput):
+                    events = function_call_events(item, index)
+                else:
+                    item.id = item_id
+                    events = _message_events(item, index, opened=not held)
+                for event_type, fields in events:
+                    yield numbered(event_type, **fields)
             stats.completed = True
-            yield numbered(ResponseEvent, type="response.completed", response=response(status, [message], True))
+            yield numbered(ResponseEvent, type="response.completed", response=response(status, output, True))
         except Exception as exc:  # never leave a started stream without an ending
             yield responses_error_event(stream_failure(exc, request_id), sequence)
         finally:
             await prepared.stream.aclose()  # type: ignore[attr-defined]
 
 
-def new_message_id() -> str:
-    return f"msg_{uuid.uuid4().hex[:16]}"
+Events = Iterator[tuple[type[StreamEvent], dict[str, Any]]]
+
+
+def _message_opening(item_id: str, index: int = 0) -> Events:
+    yield OutputItemEvent, {"type": "response.output_item.added", "output_index": index,
+                            "item": OutputMessage(id=item_id, status="in_progress", content=[])}
+    yield ContentPartEvent, {"type": "response.content_part.added", "item_id": item_id,
+                             "output_index": index, "part": OutputText(text="")}
+
+
+def _message_events(message: OutputMessage, index: int, *, opened: bool) -> Events:
+    """A message item's events after its text deltas; not yet `opened`: its opening and the whole
+    text as one delta first (a held tool stream)."""
+    text = message.content[0].text
+    if not opened:
+        yield from _message_opening(message.id, index)
+        yield TextDeltaEvent, {"item_id": message.id, "output_index": index, "delta": text}
+    yield TextDoneEvent, {"item_id": message.id, "output_index": index, "text": text}
+    yield ContentPartEvent, {"type": "response.content_part.done", "item_id": message.id,
+                             "output_index": index, "part": message.content[0]}
+    yield OutputItemEvent, {"type": "response.output_item.done", "output_index": index, "item": message}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -84,7 +85,7 @@ def test_response_seed_repeats(client: openai.OpenAI) -> None:
 def test_response_refusals(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model=SERVED_NAME, input="hi", tools=[{"type": "function", "name": "f",
-                                                                         "parameters": {}, "strict": False}])
+                                                                         "parameters": [], "strict": False}])
     assert err.value.body["param"] == "tools"
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model=SERVED_NAME, input="hi", previous_response_id="resp_123")
@@ -96,6 +97,67 @@ def test_response_refusals(client: openai.OpenAI) -> None:
     result = client.responses.create(model=SERVED_NAME, input="hi", max_output_tokens=2, store=True,
                                      metadata={"trace": "t1"})
     assert result.metadata == {"trace": "t1"}
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+           "strict": False}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tool_loop(client: openai.OpenAI) -> None:
+    """The model calls a tool (forced, for a deterministic test), the client runs it and sends the
+    call and its output back, the model answers in text."""
+    first = client.responses.create(model=SERVED_NAME, input=ASK_WEATHER, tools=[WEATHER], temperature=0,
+                                    tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=40)
+    assert first.status == "completed" and first.tool_choice.name == "get_weather"
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.status == "completed"
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    assert json.loads(call.arguments)["city"] == "Paris"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 22, "sky": "sunny"}'}
+    second = client.responses.create(model=SERVED_NAME, input=[*ASK_WEATHER, *first.output, result],
+                                     tools=[WEATHER], tool_choice="none", temperature=0, max_output_tokens=40)
+    [message] = second.output
+    assert message.type == "message" and second.output_text.strip()
+    assert second.usage.input_tokens > first.usage.input_tokens
+    # the same conversation through chat completions renders the same prompt
+    chat = client.chat.completions.create(
+        model=SERVED_NAME, temperature=0, max_tokens=40, tool_choice="none",
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        messages=[*ASK_WEATHER, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": result["output"]}])
+    assert chat.usage.prompt_tokens == second.usage.input_tokens
+    assert chat.choices[0].message.content == second.output_text
+    # an output that answers no call is refused, naming the field
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=SERVED_NAME, input=[*ASK_WEATHER, result], tools=[WEATHER])
+    assert err.value.body["param"] == "input"
+
+
+def test_tool_call_stream(client: openai.OpenAI) -> None:
+    kwargs = dict(model=SERVED_NAME, input=ASK_WEATHER, tools=[WEATHER], tool_choice="required", temperature=0,
+                  max_output_tokens=120)
+    plain = client.responses.create(**kwargs)
+    types: list[str] = []
+    arguments: list[str] = []
+    with client.responses.stream(**kwargs) as stream:
+        for event in stream:
+            types.append(event.type)
+            if event.type == "response.function_call_arguments.delta":
+                arguments.append(event.delta)
+            if event.type == "response.function_call_arguments.done":
+                assert event.arguments == "".join(arguments)
+                arguments.clear()
+        final = stream.get_final_response()
+    assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed"
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert calls and [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [(c.name, json.loads(c.arguments)) for c in plain.output]
+    assert types.count("response.output_item.added") == types.count("response.output_item.done") == len(calls)
+    assert types.count("response.function_call_arguments.done") == len(calls)
+    assert final.usage.output_tokens == plain.usage.output_tokens and final.status == plain.status
 
 
 def disconnects(http: httpx.Client) -> float:

@@ -118,7 +118,8 @@ async def test_response_bad_input_is_a_4xx_naming_the_field() -> None:
     client, holder = make(FakeEngine())
     await holder.start()
     cases = [
-        ({"input": "a", "tools": [{"type": "function", "name": "f"}]}, 400, "tools"),
+        ({"input": "a", "tools": [{"type": "function"}]}, 400, "tools"),
+        ({"input": "a", "tools": [{"type": "function", "name": "f"}]}, 400, "tool_choice"),  # auto, no parser
         ({"input": "a", "previous_response_id": "resp_1"}, 404, "previous_response_id"),
         ({"input": "a", "model": "other"}, 404, "model"),
         ({"input": []}, 400, "input"),
