@@ -34,7 +34,8 @@ COMPAT_TESTS ?= tests/integration/test_completions.py tests/integration/test_cha
 	tests/integration/test_reliability.py tests/integration/test_lifecycle.py \
 	tests/integration/test_engine_compat.py tests/integration/test_stall.py \
 	tests/integration/test_reload_in_place.py tests/integration/test_chat_tools.py \
-	tests/integration/test_vllm_parity_tools.py
+	tests/integration/test_vllm_parity_tools.py tests/integration/test_tool_parsing_gemma4.py \
+	tests/unit/test_reasoning_parsing.py
 
 .PHONY: serve test test-slow test-compat install model check-config clean help
 
