@@ -42,11 +42,6 @@ class ToolPlan:
     """`parallel_tool_calls: false`: only the first call is kept, as `vllm serve` (0.26, 0.32) does."""
 
     @property
-    def schema(self) -> dict[str, Any] | None:
-        """The JSON schema the output is forced into (`required`/named read as JSON), if any."""
-        return self.structured.get("json") if self.structured else None
-
-    @property
     def reads_own_syntax(self) -> bool:
         """The calls are read by the parser from the model's own syntax, not from forced JSON."""
         if self.parser is None:
