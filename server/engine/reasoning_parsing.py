@@ -21,16 +21,6 @@ def available_reasoning_parsers() -> list[str]:
     return ReasoningParserManager.list_registered()
 
 
-def check_reasoning_parser_name(name: str) -> None:
-    """Raise ValueError naming the choices when `name` is not one of vLLM's reasoning parsers."""
-    names = available_reasoning_parsers()
-    if name not in names:
-        raise ValueError(
-            f"engine.reasoning_parser: vLLM has no reasoning parser {name!r}; "
-            f"available: {', '.join(names)}."
-        )
-
-
 def _vllm_request() -> Any:
     """The request vLLM's reasoning parsers take: they read nothing of it but defaults
     (`adjust_request` sets `skip_special_tokens`, a fallback reads `include_reasoning`)."""

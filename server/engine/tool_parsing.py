@@ -21,16 +21,6 @@ def available_tool_parsers() -> list[str]:
     return ToolParserManager.list_registered()
 
 
-def check_tool_parser_name(name: str) -> None:
-    """Raise ValueError naming the choices when `name` is not one of vLLM's tool parsers."""
-    names = available_tool_parsers()
-    if name not in names:
-        raise ValueError(
-            f"engine.tool_call_parser: vLLM has no tool parser {name!r}; "
-            f"available: {', '.join(names)}."
-        )
-
-
 def _vllm_request(tools: list[dict[str, Any]], tool_choice: Any, parallel_tool_calls: bool | None,
                   response_format: dict[str, Any] | None = None) -> Any:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

@@ -80,6 +80,19 @@ def _install_core_exit_filter() -> None:
         vllm_logger.addFilter(_CoreExitOnStopSignal())
 
 
+def check_parser_names(settings: Settings) -> None:
+    """Raise ValueError naming the choices when the profile names a tool or reasoning parser
+    that vLLM does not register."""
+    for setting, kind, name, registered in (
+        ("engine.tool_call_parser", "tool parser", settings.engine.tool_call_parser,
+         tool_parsing.available_tool_parsers),
+        ("engine.reasoning_parser", "reasoning parser", settings.engine.reasoning_parser,
+         reasoning_parsing.available_reasoning_parsers),
+    ):
+        if name and name not in (names := registered()):
+            raise ValueError(f"{setting}: vLLM has no {kind} {name!r}; available: {', '.join(names)}.")
+
+
 def _to_token_logprob(token_id: int, position: Any, limit: int) -> TokenLogprob:
     # vLLM returns the chosen token first, then the top-k; OpenAI wants at most k+1 entries.
     candidates = []
@@ -140,10 +153,7 @@ class VllmEngine:
             from vllm.usage.usage_lib import UsageContext
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            if settings.engine.tool_call_parser:  # refused before the model loads
-                tool_parsing.check_tool_parser_name(settings.engine.tool_call_parser)
-            if settings.engine.reasoning_parser:
-                reasoning_parsing.check_reasoning_parser_name(settings.engine.reasoning_parser)
+            check_parser_names(settings)  # refused before the model loads
             known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
             unknown = sorted(set(kwargs) - known)
             if unknown:

@@ -228,9 +228,8 @@ def _read_tool_calls(
         return extracted.content or "", calls, "tool_calls" if required_stop else finish_reason
     if plan.mode == "required":
         return "", _required_calls(text), "tool_calls" if finish_reason == "stop" else finish_reason
-    if plan.mode == "named":
-        assert plan.function_name is not None
-        calls = [ToolCall(id=new_tool_call_id(), function=ToolCallFunction(
-            name=plan.function_name, arguments=text))] if text.strip() else []
-        return "", calls, finish_reason
-    return text, [], finish_reason
+    # named, forced into the function's JSON schema ("auto" without a parser is refused at planning)
+    assert plan.mode == "named" and plan.function_name is not None
+    calls = [ToolCall(id=new_tool_call_id(), function=ToolCallFunction(
+        name=plan.function_name, arguments=text))] if text.strip() else []
+    return "", calls, finish_reason

@@ -109,11 +109,3 @@ def test_tool_calls_finish_reason_is_counted(client: openai.OpenAI, gateway: Ser
     metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
     assert any(line.startswith("gateway_request_finish_total{") and 'reason="tool_calls"' in line
                for line in metrics.splitlines()), metrics[:2000]
-
-
-def test_unknown_tool_parser_names_the_choices() -> None:
-    from server.engine.tool_parsing import check_tool_parser_name
-
-    check_tool_parser_name("hermes")
-    with pytest.raises(ValueError, match="available: .*hermes"):
-        check_tool_parser_name("no-such-parser")

@@ -17,7 +17,6 @@ pytest.importorskip("vllm")
 from server.engine.reasoning_parsing import (  # noqa: E402
     VllmReasoningParser,
     available_reasoning_parsers,
-    check_reasoning_parser_name,
 )
 from tests.conftest import MODEL_DIR  # noqa: E402
 
@@ -109,11 +108,20 @@ def test_classic_parser_deepseek_r1(tokenizer: Any, text: str, reasoning: str | 
     assert joined(deltas, 1) == (content or "")
 
 
-def test_unknown_reasoning_parser_names_the_choices() -> None:
+def test_unknown_parser_names_name_the_choices() -> None:
+    from server.engine.vllm_engine import check_parser_names
+    from server.settings import EngineProfile, Settings
+
+    def profile(**parsers: str) -> Settings:
+        return Settings(engine=EngineProfile(model=str(MODEL_DIR), device="cpu",
+                                             kv_cache_memory_bytes=1 << 20, **parsers))
+
     assert "gemma4" in available_reasoning_parsers()
-    check_reasoning_parser_name("gemma4")
-    with pytest.raises(ValueError, match=r"engine.reasoning_parser.*'nope'.*gemma4"):
-        check_reasoning_parser_name("nope")
+    check_parser_names(profile(tool_call_parser="gemma4", reasoning_parser="gemma4"))
+    with pytest.raises(ValueError, match=r"engine.reasoning_parser: vLLM has no reasoning parser 'nope'.*gemma4"):
+        check_parser_names(profile(reasoning_parser="nope"))
+    with pytest.raises(ValueError, match=r"engine.tool_call_parser: vLLM has no tool parser 'nope'.*hermes"):
+        check_parser_names(profile(tool_call_parser="nope"))
 
 
 @pytest.mark.anyio
