@@ -80,14 +80,20 @@ class VllmReasoningParser:
             self._parser.adjust_initial_state_from_prompt(self._prompt_token_ids)
 
     def stream(
-        self, delta_text: str, delta_token_ids: Sequence[int], *, finished: bool = False
+        self, delta_text: str, delta_token_ids: Sequence[int], *, finished: bool = False,
+        ended_on_stop_token: bool = False,
     ) -> tuple[str | None, str | None]:
-        """(reasoning delta, content delta) of one streamed delta; `finished` on the last."""
+        """(reasoning delta, content delta) of one streamed delta; `finished` on the last, and
+        `ended_on_stop_token` when the choice stopped on EOS or a stop token id."""
         if not self._prompt_checked:
             self._check_prompt()
         if self._reasoning_ended:
             return None, delta_text or None
         delta_ids = list(delta_token_ids)
+        if ended_on_stop_token and delta_ids:
+            # vLLM's detokenizer leaves the stop token's text out (0.26 and 0.32); the engine-based
+            # gemma4 parser of 0.26 would still print it from its id (`<eos>` at the end of content).
+            delta_ids.pop()
         current_text = self._previous_text + delta_text
         current_ids = self._previous_token_ids + delta_ids
         delta = self._parser.extract_reasoning_streaming(

@@ -69,6 +69,18 @@ def test_gemma4_finished_and_streamed_agree(tokenizer: Any, text: str, reasoning
     assert joined(deltas, 1) == (content or "")
 
 
+@pytest.mark.parametrize("text", ["Sunny answer", '"<|channel>plan<channel|>Sunny"'])
+def test_gemma4_stream_ending_on_eos_leaves_it_out(tokenizer: Any, text: str) -> None:
+    # The last delta of a choice that stopped on EOS: vLLM's detokenizer gave no text for it, but
+    # its id is there. vLLM 0.26's engine-based gemma4 parser printed it from the id (the H200 run
+    # streamed `...Sunny"<eos>`); the markers come as plain pieces here, as a grammar writes them.
+    prompt = tokenizer.encode(GEMMA_PROMPT, add_special_tokens=False)
+    parser = VllmReasoningParser("gemma4", tokenizer, prompt)
+    deltas = [parser.stream(ch, tokenizer.encode(ch, add_special_tokens=False)) for ch in text]
+    deltas.append(parser.stream("", [tokenizer.eos_token_id], finished=True, ended_on_stop_token=True))
+    assert joined(deltas, 0) + joined(deltas, 1) == text
+
+
 def test_gemma4_streams_content_as_it_comes(tokenizer: Any) -> None:
     prompt = tokenizer.encode(GEMMA_PROMPT, add_special_tokens=False)
     text = "<|channel>thought\nfirst think<channel|>then answer in several words"
