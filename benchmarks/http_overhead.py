@@ -53,9 +53,14 @@ GOAL_VS_VLLM = 1.00
 GOAL_TTFT_P50_MS = 2.0
 
 
-def requests_for(concurrency: int, fixed: int | None) -> int:
-    """Requests per timed run: --requests, else 2 waves (at least 16)."""
-    return fixed if fixed else max(16, 2 * concurrency)
+def requests_for(concurrency: int, fixed: int | None, cell_output_tokens: int = 0, output_tokens: int = 1) -> int:
+    """Requests per timed run: --requests, else 2 waves (at least 16), or more for
+    --cell-output-tokens up to 8 waves (a c = 32 cell of 2 waves lasted 2-4 s on the H200: noise;
+    at c = 1 the cap keeps a cell at 16 requests)."""
+    if fixed:
+        return fixed
+    for_tokens = -(-cell_output_tokens // max(1, output_tokens))
+    return max(16, 2 * concurrency, min(for_tokens, 8 * concurrency))
 
 
 def seed_for(base: int, concurrency: int) -> int:
@@ -247,7 +252,7 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
               meta: dict[str, Any], *, rep: int = 0, workers: int | None = None) -> dict[str, Any] | None:
     """One loadtest run against `server`; its result line (appended to --out), None if it failed."""
     workers = a.loadtest_workers if workers is None else workers
-    n = requests_for(c, a.requests)
+    n = requests_for(c, a.requests, a.cell_output_tokens, a.output_tokens)
     raw = workdir / f"{way}-c{c}-r{rep}-w{workers}.json"
     cmd_lt = loadtest_cmd(server.base_url, model, c, n, c, a.input_tokens, a.output_tokens, a.vocab_size,
                           seed_for(a.seed + 100 * rep, c), raw, workers=workers,
@@ -310,7 +315,8 @@ def run_inproc_way(a: argparse.Namespace, profile: Path, workdir: Path, t_end: f
            "--concurrency", a.concurrency, "--input-tokens", str(a.input_tokens),
            "--output-tokens", str(a.output_tokens), "--vocab-size", str(a.vocab_size), "--seed", str(a.seed),
            "--deadline-at", str(time.time() + (t_end - time.monotonic())), "--min-left-s", str(a.min_left_s),
-           "--meta", json.dumps(meta)] + (["--requests", str(a.requests)] if a.requests else [])
+           "--meta", json.dumps(meta), "--cell-output-tokens", str(a.cell_output_tokens)] + (
+               ["--requests", str(a.requests)] if a.requests else [])
     log = workdir / "inproc.log"
     print("[inproc] starting the AsyncLLM child", flush=True)
     with log.open("ab") as lf:
@@ -334,6 +340,8 @@ def main() -> None:
     ap.add_argument("--ways", default=",".join(WAYS), help="which ways, in order")
     ap.add_argument("--concurrency", default="1,32,256")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2 x concurrency, >= 16)")
+    ap.add_argument("--cell-output-tokens", type=int, default=0,
+                    help="without --requests: at least this many output tokens per run (more requests)")
     ap.add_argument("--input-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--vocab-size", type=int, default=None, help="prompt ids in [0, N) (default: the model's)")

@@ -108,7 +108,7 @@ def inproc_child(a: argparse.Namespace) -> None:
             if time.time() > deadline - a.min_left_s / 4:
                 print(f"[inproc] c={c} skipped: deadline", flush=True)
                 break
-            n = requests_for(c, a.requests)
+            n = requests_for(c, a.requests, a.cell_output_tokens, a.output_tokens)
             wl = RandomWorkload(input_len=a.input_tokens, output_len=a.output_tokens, vocab_size=a.vocab_size)
             seed = seed_for(a.seed + 100 * rep, c)
             warm = random_specs(wl, c, seed + 1)  # loadtest's --warmup c uses seed + 1 too

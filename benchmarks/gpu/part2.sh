@@ -11,7 +11,8 @@
 # (cold compile) measures what fits, the second, same machine, gives the complete three-way table.
 # Knobs (environment): WAYS (inproc,gateway,vllm), CONCURRENCY (1,32,256), REQUESTS (2 x c, >= 16),
 # INPUT_TOKENS (512), OUTPUT_TOKENS (256), CALL_LIMIT_S (600), EXTRA (more http_overhead.py flags);
-# INTERLEAVED=1 runs http_interleaved.py instead (REPEATS 3, WORKERS 4 load-client processes): the three
+# INTERLEAVED=1 runs http_interleaved.py instead (REPEATS 3, WORKERS 4 load-client processes, CELL_OUTPUT_TOKENS
+# 65536: at least that many output tokens per cell, i.e. 256 requests at c = 32 of 256 tokens): the three
 # engines up at once at gpu_memory_utilization 0.3, each cell interleaving the ways, then the client check.
 # TEXT=1 (with INTERLEAVED=1) sends text prompts of exactly INPUT_TOKENS tokens (issue 14, goal 4), HTTP ways
 # only; the lead's run, ~250-300 s warm (engines ~60-90 s side by side, 3 repeats + client check ~160 s):
@@ -24,7 +25,8 @@ if [ -n "${INTERLEAVED:-}" ]; then  # issue 14: all engines up at once, cells in
   if [ -n "${TEXT:-}" ]; then prompts="text prompts (servers tokenize)"; text=(--text-prompts); fi
   python3 benchmarks/http_interleaved.py ${text[@]+"${text[@]}"} --device gpu --deadline-s "$deadline" --repeats "${REPEATS:-3}" \
     --ways "${WAYS:-inproc,gateway,vllm}" --concurrency "${CONCURRENCY:-1,32,256}" --loadtest-workers "${WORKERS:-4}" \
-    ${REQUESTS:+--requests "$REQUESTS"} --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \
+    ${REQUESTS:+--requests "$REQUESTS"} --cell-output-tokens "${CELL_OUTPUT_TOKENS:-65536}" \
+    --input-tokens "${INPUT_TOKENS:-512}" --output-tokens "${OUTPUT_TOKENS:-256}" \
     --out "$OUT/part2.jsonl" --workdir "$work" \
     --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, $prompts, interleaved" \
     --doc "$OUT/part2.json" ${EXTRA:-} 2>&1 | tee "$OUT/part2.log"

@@ -73,6 +73,9 @@ def test_loadtest_command_identical_for_both_servers(tmp_path: Path) -> None:
     assert len(a) == len(b) and len(diff) == 2  # base URL and output file only
     assert "--ignore-eos" in a and a[a.index("--vocab-size") + 1] == "262144"
     assert ho.requests_for(1, None) == 16 and ho.requests_for(256, None) == 512 and ho.requests_for(4, 8) == 8
+    assert ho.requests_for(32, None, 65536, 256) == 256 and ho.requests_for(256, None, 65536, 256) == 512
+    assert ho.requests_for(1, None, 65536, 256) == 16  # at most 8 waves
+    assert ho.requests_for(4, 8, 65536, 256) == 8
     assert ho.seed_for(0, 1) != ho.seed_for(0, 32)
 
 
@@ -182,7 +185,10 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
     assert rows["gateway"]["vs_inproc"] == 0.99 and rows["gateway"]["vs_vllm"] == 1.98
     assert rows["inproc"]["ttft_p50_ms_median"] == 11.0
     text = http_interleaved.table(list(rows.values()), [
-        {"way": "gateway", "concurrency": 32, "workers": 4, "workers_doubled": 8, "change": 0.051}])
+        {"way": "gateway", "concurrency": 32, "workers": 4, "workers_doubled": 8, "change": 0.051},
+        {"way": "vllm", "concurrency": 32, "workers": 4, "workers_doubled": 8, "change": -0.387},
+        {"way": "vllm", "concurrency": 256, "workers": 4, "workers_doubled": 8, "change": 0.02}])
     assert rows["inproc"]["ttft_p99_ms_median"] == 50.0 and rows["inproc"]["ttft_p99_ms_max"] == 60.0
     assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) | 11.0 (10.0-12.0) | 50.0 (40.0-60.0) |" in text
     assert "+5.1% (THE CLIENT LIMITS THIS RUN)" in text
+    assert "-38.7% (SLOWER WITH MORE CLIENTS" in text and "+2.0% (enough clients)" in text
