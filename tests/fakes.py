@@ -59,9 +59,13 @@ class FakeReasoningParser:
     keeps_special_tokens: bool = True
     START, END = "<think>", "</think>"
 
+    made: list[FakeReasoningParser] = []  # every parser the fake engines gave out, newest last
+
     def __init__(self) -> None:
         self.text = ""
         self.sent = ("", "")
+        self.ended_on_stop_token = False
+        FakeReasoningParser.made.append(self)
 
     def _split(self, text: str, final: bool) -> tuple[str, str]:
         if not text.startswith(self.START):
@@ -79,8 +83,9 @@ class FakeReasoningParser:
         reasoning, content = self._split(text, True)
         return reasoning or None, content or None
 
-    def stream(self, delta_text: str, delta_token_ids: Sequence[int], *,
-               finished: bool = False) -> tuple[str | None, str | None]:
+    def stream(self, delta_text: str, delta_token_ids: Sequence[int], *, finished: bool = False,
+               ended_on_stop_token: bool = False) -> tuple[str | None, str | None]:
+        self.ended_on_stop_token = ended_on_stop_token
         self.text += delta_text
         reasoning, content = self._split(self.text, finished)
         out = (reasoning[len(self.sent[0]):] or None, content[len(self.sent[1]):] or None)

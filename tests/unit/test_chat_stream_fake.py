@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from server.engine import SamplingOptions
-from tests.fakes import FakeEngine
+from tests.fakes import FakeEngine, FakeReasoningParser
 from tests.unit.test_tools_fake import ASK, WEATHER, started
 
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -126,6 +126,8 @@ async def test_reasoning_plain_and_streamed() -> None:
     first_content = next(i for i, d in enumerate(deltas) if d["delta"].get("content"))
     assert not any(d["delta"].get("reasoning") for d in deltas[first_content:])
     assert deltas[-1]["finish_reason"] == "stop"
+    # a stop on EOS (stop_reason null): the parser is told, so it leaves the EOS id out
+    assert FakeReasoningParser.made[-1].ended_on_stop_token is True
 
 
 @pytest.mark.anyio

@@ -13,7 +13,8 @@ from server.serving.common import OFFLOAD_PROMPT_CHARS, prompt_chars
 from tests.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 
-BLOCK_S = 0.6  # a slow tokenizer: long enough that a blocked loop is unmistakable
+BLOCK_S = 1.5  # a slow tokenizer: a blocked loop is unmistakable, and a third of it (0.5 s) is
+# far above the scheduling hiccups of a loaded 2-core CI machine (0.22 s seen at load 3 with 0.6 s)
 
 
 class SlowTokenizerEngine(FakeEngine):
