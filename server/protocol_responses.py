@@ -1,4 +1,4 @@
-"""`/v1/responses` wire models (OpenAI Responses API: text and function tools, nothing stored).
+"""`/v1/responses` wire models (OpenAI Responses API: text, function tools and reasoning, nothing stored).
 
 The response object carries the fields the OpenAI SDK's `Response` model reads and `vllm serve`
 sends, less vLLM's own plumbing (see tests/integration/test_vllm_parity_responses.py for the
@@ -56,6 +56,26 @@ class FunctionCallOutputItem(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """An earlier turn's reasoning, sent back as the SDK returns it. Like `vllm serve`, it opens
+    the assistant turn its message and calls join; the text itself does not reach the template
+    (the chat templates here drop an earlier turn's reasoning)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
 def _item_type(item: Any) -> str:
     kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
     return kind if isinstance(kind, str) else "message"
@@ -64,7 +84,8 @@ def _item_type(item: Any) -> str:
 InputItem = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
@@ -142,7 +163,17 @@ class FunctionCallOutput(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
-OutputItem = OutputMessage | FunctionCallOutput
+class ReasoningOutput(BaseModel):
+    """The model's reasoning, split off by the profile's `reasoning_parser` (before the message)."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText] = Field(default_factory=list)
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+OutputItem = OutputMessage | FunctionCallOutput | ReasoningOutput
 
 
 class InputTokensDetails(BaseModel):
@@ -223,7 +254,7 @@ class ContentPartEvent(StreamEvent):
     item_id: str
     output_index: int = 0
     content_index: int = 0
-    part: OutputText
+    part: OutputText | ReasoningText
 
 
 class FunctionCallArgumentsDeltaEvent(StreamEvent):
@@ -257,5 +288,22 @@ class TextDoneEvent(StreamEvent):
     content_index: int = 0
     text: str
     logprobs: list[Any] = Field(default_factory=list)
+
+
+class ReasoningTextDeltaEvent(StreamEvent):
+    type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    delta: str
+
+
+class ReasoningTextDoneEvent(StreamEvent):
+    type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+    text: str
+
 
 # A failed stream's last event, `error`, is built by server.errors.responses_error_event.

@@ -1,9 +1,10 @@
-"""`/v1/responses` (OpenAI Responses API, text and function tools): input items -> chat template
--> one generation -> a response object, or its SSE lifecycle events.
+"""`/v1/responses` (OpenAI Responses API, text, function tools, reasoning): input items -> chat
+template -> one generation -> a response object, or its SSE lifecycle events.
 
 The generation runs exactly as chat's does (engine lease, timeouts, stats), so drain, reload,
 tenants, metrics and access logs treat it the same. Tools go through chat's tool machinery
-(server.serving.responses_items converts the shapes). Nothing is stored: `store` is accepted and
+(server.serving.responses_items converts the shapes), and the profile's reasoning parser splits
+the reasoning off into a `reasoning` item, streamed as it comes. Nothing is stored: `store` is accepted and
 ignored (as `vllm serve` does by default) and `previous_response_id` is refused.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from server.engine import Engine, GenerationOutput, SamplingOptions
+from server.engine import Engine, GenerationOutput, ReasoningParser, SamplingOptions
 from server.errors import NotFoundError, responses_error_event
 from server.protocol_responses import (
     ContentPartEvent,
@@ -24,6 +25,10 @@ from server.protocol_responses import (
     OutputItemEvent,
     OutputMessage,
     OutputText,
+    ReasoningOutput,
+    ReasoningText,
+    ReasoningTextDeltaEvent,
+    ReasoningTextDoneEvent,
     ResponseEvent,
     ResponseObject,
     ResponsesRequest,
@@ -50,6 +55,7 @@ from server.serving.responses_items import (
     function_call_events,
     input_messages,
     new_message_id,
+    new_reasoning_id,
     output_items,
     plan_response_tools,
 )
@@ -90,6 +96,7 @@ class _Prepared:
     stream: AsyncIterator[GenerationOutput]
     options: SamplingOptions
     plan: ToolPlan
+    reasoner: ReasoningParser | None
 
 
 def sse_event(event: StreamEvent) -> str:
@@ -124,9 +131,13 @@ class ResponsesService(GenerationService):
                                        structured=structured)
             if not plan.skip_special_tokens:  # as chat: call tags may be special tokens
                 options.skip_special_tokens = False
+            reasoner = engine.reasoning_parser(ids)
+            if reasoner is not None and reasoner.keeps_special_tokens:
+                options.skip_special_tokens = False  # as chat: the parser's markers must reach it
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
-            return _Prepared(guarded(engine.generate(request_id, ids, sampling), self.limits), options, plan)
+            return _Prepared(guarded(engine.generate(request_id, ids, sampling), self.limits), options, plan,
+                             reasoner)
 
         return await serve_on_lease(
             self.holder, prepare,
@@ -173,7 +184,10 @@ class ResponsesService(GenerationService):
         choice = final.choices[0]
         stats.completion_tokens = len(choice.token_ids)
         status = self._status(choice.finish_reason)
-        output, finish_reason = output_items(prepared.plan, choice.text, choice.finish_reason, status)
+        reasoning, text = (prepared.reasoner.extract(choice.text) if prepared.reasoner is not None
+                           else (None, choice.text))
+        output, finish_reason = output_items(prepared.plan, text, choice.finish_reason, status,
+                                             (new_reasoning_id(), reasoning) if reasoning else None)
         if finish_reason:
             stats.finish_reasons.append(finish_reason)
         stats.completed = True
@@ -186,6 +200,8 @@ class ResponsesService(GenerationService):
         sequence = 0
         item_id = new_message_id()
         held = prepared.plan.parses_output  # tools: the text is read for calls once it ends
+        reasoner = prepared.reasoner
+        reasoning = _ReasoningItemStream(new_reasoning_id())
 
         def numbered(event_type: type[StreamEvent], **fields: Any) -> str:
             nonlocal sequence
@@ -200,7 +216,10 @@ class ResponsesService(GenerationService):
         try:
             yield numbered(ResponseEvent, type="response.created", response=response("in_progress", [], False))
             yield numbered(ResponseEvent, type="response.in_progress", response=response("in_progress", [], False))
-            if not held:
+            # Without a reasoning parser the message opens at once (its index is known); with one,
+            # at its first text, after the reasoning item.
+            message_open = not held and reasoner is None
+            if message_open:
                 for event_type, fields in _message_opening(item_id):
                     yield numbered(event_type, **fields)
             text: list[str] = []
@@ -212,21 +231,42 @@ class ResponsesService(GenerationService):
                     stats.first_token_at = time.monotonic()
                 if choice.finish_reason:
                     finish_reason = choice.finish_reason
-                if choice.text:
-                    text.append(choice.text)
+                thought, piece = None, choice.text
+                if reasoner is not None:
+                    thought, piece = reasoner.stream(
+                        choice.text, choice.token_ids, finished=choice.finish_reason is not None,
+                        ended_on_stop_token=choice.finish_reason == "stop" and not isinstance(choice.stop_reason, str))
+                if thought and reasoning.closed:  # after content began: content (vLLM's parsers never do this)
+                    thought, piece = None, thought + (piece or "")
+                for event_type, fields in reasoning.delta(thought):
+                    yield numbered(event_type, **fields)
+                if piece:
+                    for event_type, fields in reasoning.done():
+                        yield numbered(event_type, **fields)
+                    text.append(piece)
                     if not held:
-                        yield numbered(TextDeltaEvent, item_id=item_id, delta=choice.text)
-            full = "".join(text)
+                        if not message_open:
+                            message_open = True
+                            for event_type, fields in _message_opening(item_id, reasoning.next_index):
+                                yield numbered(event_type, **fields)
+                        yield numbered(TextDeltaEvent, item_id=item_id, output_index=reasoning.next_index,
+                                       delta=piece)
             status = self._status(finish_reason)
-            output, finish_reason = output_items(prepared.plan, full, finish_reason, status)
+            for event_type, fields in reasoning.done(status):
+                yield numbered(event_type, **fields)
+            output, finish_reason = output_items(
+                prepared.plan, "".join(text) if text or reasoner is None else None, finish_reason, status,
+                reasoning.finished)
             if finish_reason:
                 stats.finish_reasons.append(finish_reason)
             for index, item in enumerate(output):
+                if isinstance(item, ReasoningOutput):
+                    continue  # its events went out as it streamed
                 if isinstance(item, FunctionCallOutput):
                     events = function_call_events(item, index)
                 else:
                     item.id = item_id
-                    events = _message_events(item, index, opened=not held)
+                    events = _message_events(item, index, opened=message_open)
                 for event_type, fields in events:
                     yield numbered(event_type, **fields)
             stats.completed = True
@@ -258,3 +298,46 @@ def _message_events(message: OutputMessage, index: int, *, opened: bool) -> Even
     yield ContentPartEvent, {"type": "response.content_part.done", "item_id": message.id,
                              "output_index": index, "part": message.content[0]}
     yield OutputItemEvent, {"type": "response.output_item.done", "output_index": index, "item": message}
+
+
+class _ReasoningItemStream:
+    """The `reasoning` output item of a stream (index 0): opened at its first delta, done before
+    the first content or at the end; `finished` is its (id, text) for the output, None if none came."""
+
+    def __init__(self, item_id: str) -> None:
+        self.item_id = item_id
+        self.parts: list[str] = []
+        self.closed = False
+
+    @property
+    def next_index(self) -> int:
+        """The output index of the item after it."""
+        return 1 if self.parts else 0
+
+    @property
+    def finished(self) -> tuple[str, str] | None:
+        return (self.item_id, "".join(self.parts)) if self.parts else None
+
+    def delta(self, text: str | None) -> Events:
+        if not text:
+            return
+        if not self.parts:
+            yield OutputItemEvent, {"type": "response.output_item.added", "output_index": 0,
+                                    "item": ReasoningOutput(id=self.item_id, status="in_progress")}
+            yield ContentPartEvent, {"type": "response.content_part.added", "item_id": self.item_id,
+                                     "output_index": 0, "part": ReasoningText(text="")}
+        self.parts.append(text)
+        yield ReasoningTextDeltaEvent, {"item_id": self.item_id, "output_index": 0, "delta": text}
+
+    def done(self, status: str = "completed") -> Events:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.parts:
+            return
+        part = ReasoningText(text="".join(self.parts))
+        yield ReasoningTextDoneEvent, {"item_id": self.item_id, "output_index": 0, "text": part.text}
+        yield ContentPartEvent, {"type": "response.content_part.done", "item_id": self.item_id,
+                                 "output_index": 0, "part": part}
+        yield OutputItemEvent, {"type": "response.output_item.done", "output_index": 0,
+                                "item": ReasoningOutput(id=self.item_id, content=[part], status=status)}

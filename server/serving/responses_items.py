@@ -2,8 +2,9 @@
 
 As `vllm serve` converts them: `instructions` is a system message; a `function_call` item joins
 the assistant message before it (or starts one) as a tool call; a `function_call_output` item is
-a `tool` message. Responses-shaped tools and tool_choice become chat's, and server.serving.tools
-plans and reads the calls; its calls come back as `function_call` output items.
+a `tool` message; a `reasoning` item opens an assistant turn. Responses-shaped tools and
+tool_choice become chat's, and server.serving.tools plans and reads the calls; its calls come back
+as `function_call` output items, the reasoning the profile's parser splits off as a `reasoning` item.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from server.protocol_responses import (
     OutputItemEvent,
     OutputMessage,
     OutputText,
+    ReasoningItem,
+    ReasoningOutput,
+    ReasoningText,
     ResponsesRequest,
     StreamEvent,
 )
@@ -36,6 +40,10 @@ from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_mes
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:16]}"
+
+
+def new_reasoning_id() -> str:
+    return f"rs_{uuid.uuid4().hex[:16]}"
 
 
 def new_function_call_id() -> str:
@@ -106,6 +114,13 @@ def _chat_messages(req: ResponsesRequest) -> list[ChatMessage]:
                 prev.tool_calls = [*(prev.tool_calls or []), call]
             else:
                 messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        elif isinstance(item, ReasoningItem):
+            if item.encrypted_content is not None:
+                raise InvalidRequestError(
+                    f"input[{i}] (reasoning) has encrypted_content, which this server cannot read; "
+                    "send the reasoning as content, or leave the item out.", param="input")
+            if prev is None:  # as vLLM: it opens the assistant turn its message and calls join
+                messages.append(ChatMessage(role="assistant", content=None))
         elif isinstance(item, FunctionCallOutputItem):
             if item.call_id not in call_ids:
                 raise InvalidRequestError(
@@ -135,15 +150,22 @@ def _check_arguments(item: FunctionCallItem, index: int) -> None:
 # -- output -------------------------------------------------------------------------------------
 
 
-def output_items(plan: ToolPlan, text: str, finish_reason: str | None, status: str) -> tuple[list[OutputItem], str | None]:
+def output_items(plan: ToolPlan, text: str | None, finish_reason: str | None, status: str,
+                 reasoning: tuple[str, str] | None = None) -> tuple[list[OutputItem], str | None]:
     """A finished generation as output items (and the finish reason for the stats): the text as
     one message; with tools, the text left beside the calls (if any) and one `function_call` per
-    call, as `vllm serve` builds them."""
-    if not plan.parses_output:
-        return [OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
-                              content=[OutputText(text=text)])], finish_reason
-    content, calls, finish_reason = read_tool_calls(plan, text, finish_reason)
+    call, as `vllm serve` builds them. `reasoning` (item id, text) comes first as a `reasoning`
+    item, and a reasoning parser's empty content gives no message (as `vllm serve`)."""
     items: list[OutputItem] = []
+    if reasoning is not None:
+        items.append(ReasoningOutput(id=reasoning[0], content=[ReasoningText(text=reasoning[1])],
+                                     status=status))  # type: ignore[arg-type]
+    if not plan.parses_output:
+        if text or reasoning is None:
+            items.append(OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
+                                       content=[OutputText(text=text or "")]))
+        return items, finish_reason
+    content, calls, finish_reason = read_tool_calls(plan, text or "", finish_reason)
     if content:
         items.append(OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
                                    content=[OutputText(text=content)]))

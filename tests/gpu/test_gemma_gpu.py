@@ -197,6 +197,15 @@ def test_reasoning_through_the_gemma4_parser_plain_and_streamed(gemma: tuple[Ser
     for choice in ("auto", "none"):  # arbitrary text with tools and reasoning on: no 5xx, no raw markers
         r = chat(server, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=32, temperature=0)
         assert r.status_code == 200, r.text
+    # /v1/responses through the same parser: arbitrary text, so shape only (no grammar there)
+    r = httpx.post(server.base_url + "/v1/responses", timeout=120,
+                   json={"model": r.json()["model"], "input": "Weather?", "max_output_tokens": 32, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert {o["type"] for o in r.json()["output"]} <= {"reasoning", "message"}, r.json()
+    body = {"model": r.json()["model"], "input": "Weather?", "max_output_tokens": 32, "stream": True}
+    with httpx.stream("POST", server.base_url + "/v1/responses", json=body, timeout=120) as streamed:
+        kinds = [json.loads(line[6:])["type"] for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert streamed.status_code == 200 and kinds[-1] == "response.completed", kinds
 
 
 def test_reload_swaps_profiles_on_the_gpu(gemma: tuple[ServerProcess, str], tmp_path: Path) -> None:
