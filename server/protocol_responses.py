@@ -248,12 +248,17 @@ class OutputItemEvent(StreamEvent):
     item: OutputItem
 
 
-class ContentPartEvent(StreamEvent):
-    """response.content_part.added / response.content_part.done."""
+class ContentEvent(StreamEvent):
+    """An event about one content part of an output item (a message's text, a reasoning text)."""
 
     item_id: str
     output_index: int = 0
     content_index: int = 0
+
+
+class ContentPartEvent(ContentEvent):
+    """response.content_part.added / response.content_part.done."""
+
     part: OutputText | ReasoningText
 
 
@@ -272,37 +277,25 @@ class FunctionCallArgumentsDoneEvent(StreamEvent):
     name: str
 
 
-class TextDeltaEvent(StreamEvent):
+class TextDeltaEvent(ContentEvent):
     type: Literal["response.output_text.delta"] = "response.output_text.delta"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     delta: str
     logprobs: list[Any] = Field(default_factory=list)
 
 
-class TextDoneEvent(StreamEvent):
+class TextDoneEvent(ContentEvent):
     type: Literal["response.output_text.done"] = "response.output_text.done"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     text: str
     logprobs: list[Any] = Field(default_factory=list)
 
 
-class ReasoningTextDeltaEvent(StreamEvent):
+class ReasoningTextDeltaEvent(ContentEvent):
     type: Literal["response.reasoning_text.delta"] = "response.reasoning_text.delta"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     delta: str
 
 
-class ReasoningTextDoneEvent(StreamEvent):
+class ReasoningTextDoneEvent(ContentEvent):
     type: Literal["response.reasoning_text.done"] = "response.reasoning_text.done"
-    item_id: str
-    output_index: int = 0
-    content_index: int = 0
     text: str
 
 

@@ -91,8 +91,8 @@ class VllmReasoningParser:
             return None, delta_text or None
         delta_ids = list(delta_token_ids)
         if ended_on_stop_token and delta_ids:
-            # vLLM's detokenizer leaves the stop token's text out (0.26 and 0.32); the engine-based
-            # gemma4 parser of 0.26 would still print it from its id (`<eos>` at the end of content).
+            # The stop token has no text (ChoiceOutput.ended_on_stop_token); the engine-based gemma4
+            # parser of vLLM 0.26 would still print it from its id (`<eos>` at the end of content).
             delta_ids.pop()
         current_text = self._previous_text + delta_text
         current_ids = self._previous_token_ids + delta_ids

@@ -38,6 +38,12 @@ class ChoiceOutput:
     finish_reason: str | None
     stop_reason: int | str | None
 
+    @property
+    def ended_on_stop_token(self) -> bool:
+        """Stopped on EOS or a stop token id (not a stop string): vLLM's detokenizer (0.26, 0.32)
+        left that last token's text out, though its id is in `token_ids`."""
+        return self.finish_reason == "stop" and not isinstance(self.stop_reason, str)
+
 
 @dataclass(slots=True)
 class GenerationOutput:

@@ -73,9 +73,8 @@ class ChatChoiceStream:
         self.pending.extend(c.logprobs or [])
         reasoning, content = None, c.text
         if self.reasoning is not None:
-            reasoning, content = self.reasoning.stream(
-                c.text, c.token_ids, finished=finished,
-                ended_on_stop_token=c.finish_reason == "stop" and not isinstance(c.stop_reason, str))
+            reasoning, content = self.reasoning.stream(c.text, c.token_ids, finished=finished,
+                                                       ended_on_stop_token=c.ended_on_stop_token)
         pieces = []
         if reasoning:
             pieces.append(self._piece(ChatDelta(reasoning=reasoning), self._take()))

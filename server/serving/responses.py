@@ -233,9 +233,9 @@ class ResponsesService(GenerationService):
                     finish_reason = choice.finish_reason
                 thought, piece = None, choice.text
                 if reasoner is not None:
-                    thought, piece = reasoner.stream(
-                        choice.text, choice.token_ids, finished=choice.finish_reason is not None,
-                        ended_on_stop_token=choice.finish_reason == "stop" and not isinstance(choice.stop_reason, str))
+                    thought, piece = reasoner.stream(choice.text, choice.token_ids,
+                                                     finished=choice.finish_reason is not None,
+                                                     ended_on_stop_token=choice.ended_on_stop_token)
                 if thought and reasoning.closed:  # after content began: content (vLLM's parsers never do this)
                     thought, piece = None, thought + (piece or "")
                 for event_type, fields in reasoning.delta(thought):
