@@ -117,3 +117,21 @@ def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path
     summary = json.loads(doc.read_text())["meta"]["summary"]
     assert all(r["ttft_p99_ms_median"] is not None for r in summary)
     assert "| TTFT p99 median ms (min-max) |" in proc.stdout and "| 2 | vllm serve (loadtest) | 1 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_dummy_outputs_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    """The real CPU engine with dummy weights: the tool counts and replays what it generated."""
+    out = tmp_path / "dummy.json"
+    # pytest's tmp paths are too long for vLLM's IPC sockets: rpc_dir falls back to a short one
+    env = benchlib.clean_env({"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "TMPDIR": str(tmp_path),
+                              "VLLM_RPC_BASE_PATH": str(benchlib.rpc_dir(tmp_path, "run")),
+                              "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dummy_outputs.py"), "--device", "cpu", "--model", str(model_dir),
+         "--prompts", "2", "--input-tokens", "32", "--output-tokens", "16", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["output_ids"] == 2 * 16 and 0.0 <= doc["special_share"] <= 1.0
+    assert doc["detok_us_per_step_model"] > 0 and doc["detok_us_per_step_random"] > 0

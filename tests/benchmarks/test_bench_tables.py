@@ -192,3 +192,23 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
     assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) | 11.0 (10.0-12.0) | 50.0 (40.0-60.0) |" in text
     assert "+5.1% (THE CLIENT LIMITS THIS RUN)" in text
     assert "-38.7% (SLOWER WITH MORE CLIENTS" in text and "+2.0% (enough clients)" in text
+
+
+def test_a_run_of_skipped_special_tokens_makes_each_detokenizer_step_costly(tmp_path: Path) -> None:
+    """What the dummy Gemma did on the H200 (every output id `<pad>`): vLLM's DecodeStream emits no
+    text and decodes its whole growing window again on each step."""
+    import random
+
+    import dummy_outputs
+    import synth_tokenizer
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(synth_tokenizer.build(tmp_path / "m", vocab_size=20000) / "tokenizer.json"))
+    rng = random.Random(0)
+    prompts = [[rng.randrange(300, 19000) for _ in range(512)] for _ in range(4)]
+    pads = [[0] * 128 for _ in prompts]
+    ordinary = [[rng.randrange(300, 19000) for _ in range(128)] for _ in prompts]
+    pad_us, pad_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, pads) for _ in range(2))
+    text_us, text_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, ordinary) for _ in range(2))
+    assert pad_silent == 1.0 and text_silent < 0.05
+    assert pad_us > 3 * text_us, (pad_us, text_us)  # ~30x measured; 3x leaves room for a loaded CI
