@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
 import sys
 import time
@@ -117,7 +116,9 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc, indent=1), flush=True)
-    os._exit(0)  # skip vLLM's slow engine teardown; everything is written
+    # The engine core runs in child processes: stop them here (os._exit left them running, holding
+    # the caller's pipes open). LLM has no shutdown of its own in vLLM 0.26 or 0.32.
+    llm.llm_engine.engine_core.shutdown()
 
 
 if __name__ == "__main__":
