@@ -3,7 +3,7 @@
 
 The H200 benchmarks run Gemma 4 E2B with `load_format: dummy` (the weights cannot be fetched) and
 the synthetic tokenizer. py-spy of the gateway at c = 256 (benchmarks/README) found the event loop
-busy with `FastIncrementalDetokenizer._protected_step`, yet one `DecodeStream.step` costs ~2-3 us
+busy with `FastIncrementalDetokenizer._protected_step`, yet one `DecodeStream.step` costs ~1-3 us
 on random ids. One input makes it costly: tokens that decode to no text (special tokens under
 `skip_special_tokens`, the default). `DecodeStream` then keeps every id since its last emitted text
 and decodes them all again on each step, so a run of such tokens costs O(n) per step (measured here
