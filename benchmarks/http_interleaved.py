@@ -105,6 +105,7 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tok = [r["output_token_throughput"] for r in rs]
         ttft = [r["ttft_p50_ms"] for r in rs if r["ttft_p50_ms"] is not None]
         ttft99 = [r["ttft_p99_ms"] for r in rs if r.get("ttft_p99_ms") is not None]
+        chars = [r["output_chars_per_token"] for r in rs if r.get("output_chars_per_token") is not None]
         rows.append({"way": way, "concurrency": c, "repeats": len(rs), "out_tok_s_median": round(statistics.median(tok), 1),
                      "out_tok_s_min": round(min(tok), 1), "out_tok_s_max": round(max(tok), 1),
                      "ttft_p50_ms_median": round(statistics.median(ttft), 2) if ttft else None,
@@ -112,7 +113,8 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "ttft_p99_ms_median": round(statistics.median(ttft99), 2) if ttft99 else None,
                      "ttft_p99_ms_min": min(ttft99) if ttft99 else None,
                      "ttft_p99_ms_max": max(ttft99) if ttft99 else None,
-                     "failed": sum(r["failed"] or 0 for r in rs)})
+                     "failed": sum(r["failed"] or 0 for r in rs),
+                     "output_chars_per_token": round(statistics.median(chars), 2) if chars else None})
     by = {(r["way"], r["concurrency"]): r for r in rows}
     for r in rows:
         for ref in ("inproc", "vllm"):
@@ -135,14 +137,15 @@ def client_verdict(change: float) -> str:
 def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     f = benchlib.fmt_num
     out = ["| concurrency | way | repeats | out tok/s median (min-max) | TTFT p50 median ms (min-max) "
-           "| TTFT p99 median ms (min-max) | vs in-process | vs vllm serve | failed |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| TTFT p99 median ms (min-max) | vs in-process | vs vllm serve | failed | text chars per token |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {r['concurrency']} | {ho.WAY_LABEL[r['way']]} | {r['repeats']} | {f(r['out_tok_s_median'])} "
                    f"({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | {f(r['ttft_p50_ms_median'])} "
                    f"({f(r.get('ttft_p50_ms_min'))}-{f(r.get('ttft_p50_ms_max'))}) | {f(r.get('ttft_p99_ms_median'))} "
                    f"({f(r.get('ttft_p99_ms_min'))}-{f(r.get('ttft_p99_ms_max'))}) | "
-                   f"{f(r.get('vs_inproc'))} | {f(r.get('vs_vllm'))} | {r['failed']} |")
+                   f"{f(r.get('vs_inproc'))} | {f(r.get('vs_vllm'))} | {r['failed']} "
+                   f"| {f(r.get('output_chars_per_token'))} |")
     for ck in checks:
         out.append(f"\nClient check, {ck['way']} at c = {ck['concurrency']}: {ck['workers']} -> {ck['workers_doubled']} "
                    f"processes moved out tok/s by {ck['change'] * 100:+.1f}% "

@@ -110,9 +110,11 @@ def vllm_serve_cmd(kwargs: dict[str, Any], port: int) -> list[str]:
 
 def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """One measurement, flat, from a loadtest-style summary (loadtest.metrics.summarize)."""
-    def q(name: str, key: str) -> float | None:
-        v = (summary.get(name) or {}).get(key)
+    def q_value(v: Any) -> float | None:
         return None if v is None or v != v else round(float(v), 3)
+
+    def q(name: str, key: str) -> float | None:
+        return q_value((summary.get(name) or {}).get(key))
 
     rec = {
         "bench": "http_overhead", "way": way, "concurrency": concurrency,
@@ -123,6 +125,7 @@ def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: An
         "total_token_throughput": round(summary.get("total_token_throughput") or 0.0, 2),
         "total_input_tokens": summary.get("total_input_tokens"),
         "total_output_tokens": summary.get("total_output_tokens"),
+        "output_chars_per_token": q_value(summary.get("output_chars_per_token")),
         "ttft_p50_ms": q("ttft_ms", "median"), "ttft_p99_ms": q("ttft_ms", "p99"),
         "tpot_p50_ms": q("tpot_ms", "median"), "tpot_p99_ms": q("tpot_ms", "p99"),
         "itl_p50_ms": q("itl_ms", "median"), "itl_p99_ms": q("itl_ms", "p99"),

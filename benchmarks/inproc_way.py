@@ -67,6 +67,7 @@ def inproc_child(a: argparse.Namespace) -> None:
                     last = now
                     rec.chunks += 1
                     n_out += toks
+                    rec.output_chars += len(out.outputs[0].text)
             rec.status = 200
         except Exception as exc:  # a failure is a record, as in loadtest
             rec.error = repr(exc)[:300]

@@ -141,7 +141,8 @@ def main() -> None:
             benchlib.append_jsonl(out / "pyspy.jsonl", result)
             notes.append(f"loadtest (profiled, so slower than unprofiled): {result['completed']} requests, "
                          f"{result['output_token_throughput']:.0f} out tok/s, TTFT p50/p99 {result['ttft_p50_ms']}/"
-                         f"{result['ttft_p99_ms']} ms, TPOT p50 {result['tpot_p50_ms']} ms, failed {result['failed']}")
+                         f"{result['ttft_p99_ms']} ms, TPOT p50 {result['tpot_p50_ms']} ms, failed {result['failed']}, "
+                         f"text {result['output_chars_per_token']} chars per token")
         else:
             notes.append(f"loadtest exit {load.returncode}: no result line (see loadtest.log)")
     except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:

@@ -12,6 +12,11 @@ give the model a tokenizer that:
   (Gemma's pad/eos/bos ids), 4-259 the 256 byte-level symbols, then every 2-character and as many
   3-character strings of printable ASCII as fit, and last Gemma 4's turn/channel/tool-call special
   tokens (vLLM's gemma4 tool and reasoning parsers need them);
+- makes `<pad>` (id 0) an ordinary token that decodes to the text `<pad>`, unlike Gemma's own
+  tokenizer: with dummy weights, greedy decoding writes id 0 on every step (benchmarks/dummy_outputs.py,
+  H200, 2026-12-03). As a special token it decoded to nothing, so every benchmark stream carried
+  no text and vLLM's incremental detokenizer re-decoded its whole window per token (33.9x the cost
+  per step). As text it costs what a real model's tokens cost, and the streams carry 5 characters a token;
 - has a cut-down Gemma 4 chat template with tools, so chat and tool-calling requests render;
 - is a `tokenizers` BPE (no merges) with a **byte-level decoder**, so vLLM uses its fast
   incremental detokenizer (a word-level synthetic tokenizer made detokenization the bottleneck:
@@ -32,7 +37,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0, 1, 2, 3 as in Gemma's config
+PAD = "<pad>"  # id 0, Gemma's pad id; an ordinary token here (see the docstring)
+SPECIALS = ["<eos>", "<bos>", "<unk>"]  # ids 1, 2, 3 as in Gemma's config
 # Gemma 4's turn, reasoning-channel and tool-call tokens, which vLLM's gemma4 tool and reasoning
 # parsers look up in the vocabulary (their ids here are the last of the vocabulary, not Gemma's).
 GEMMA4_SPECIALS = ["<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool>", "<tool|>",
@@ -55,7 +61,7 @@ CHAT_TEMPLATE = (
 def synthetic_vocab(size: int) -> dict[str, int]:
     from tokenizers import pre_tokenizers
 
-    vocab: dict[str, int] = {}
+    vocab: dict[str, int] = {PAD: 0}
     for tok in SPECIALS:
         vocab[tok] = len(vocab)
     for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
@@ -90,12 +96,13 @@ def build(out_dir: Path, config_dir: Path = CONFIG_DIR, vocab_size: int | None =
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
+        # no pad_token: transformers would register `<pad>` as a special token again
+        "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
         "model_max_length": 131072, "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
     }, indent=1))
     (out_dir / "special_tokens_map.json").write_text(json.dumps({
-        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
+        "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
     }, indent=1))
     return out_dir
 

@@ -78,6 +78,14 @@ def _carries_token(choice: dict[str, Any], api: Api) -> bool:
                 or delta.get("tool_calls"))
 
 
+def _text_length(choice: dict[str, Any]) -> int:
+    """Characters of text a choice (a streamed chunk or a whole answer) carries."""
+    part = choice.get("delta") or choice.get("message") or {}
+    pieces = [choice.get("text"), part.get("content"), part.get("reasoning_content") or part.get("reasoning")]
+    pieces += [(call.get("function") or {}).get("arguments") for call in part.get("tool_calls") or []]
+    return sum(len(p) for p in pieces if isinstance(p, str))
+
+
 class _StreamState:
     """Accumulates one streamed response; `error` set means the request failed."""
 
@@ -110,6 +118,7 @@ class _StreamState:
                 rec.itl_s.append(now - self.last)
             self.last = now
             rec.chunks += 1
+            rec.output_chars += _text_length(choices[0])
         if usage := obj.get("usage"):
             rec.prompt_tokens = usage.get("prompt_tokens")
             rec.completion_tokens = usage.get("completion_tokens")
@@ -166,6 +175,7 @@ def _fill_plain(record: RequestRecord, payload: Any, elapsed: float) -> None:
     # Without streaming the first token is only seen with the whole answer.
     record.ttft_s = elapsed
     record.chunks = 1
+    record.output_chars = _text_length(payload["choices"][0])
     usage = payload.get("usage") or {}
     record.prompt_tokens = usage.get("prompt_tokens")
     record.completion_tokens = usage.get("completion_tokens")

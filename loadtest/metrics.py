@@ -91,6 +91,9 @@ def summarize(records: Sequence[RequestRecord], duration_s: float,
         "peak_output_token_throughput": peak_output_rate(ok),
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
+        # A stream of tokens that decode to nothing (e.g. special tokens) still counts as tokens: this
+        # says whether the text arrived (a real model: ~4 characters a token).
+        "output_chars_per_token": sum(r.output_chars for r in ok) / out_tokens if out_tokens else math.nan,
         "ttft_ms": describe([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_ms": describe([t for r in ok if (t := r.tpot_s) is not None]),
         "itl_ms": describe([g for r in ok for g in r.itl_s]),

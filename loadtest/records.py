@@ -31,6 +31,7 @@ class RequestRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     chunks: int = 0
+    output_chars: int = 0  # text received (content, reasoning, tool-call pieces): proves the stream carried text
     status: int | None = None
     error: str | None = None
     input_tokens_requested: int | None = None

@@ -21,7 +21,8 @@ def format_summary(label: str, s: dict[str, Any]) -> str:
              f"{'request throughput (req/s)':<34}{_num(s['request_throughput'], 3)}",
              f"{'input token throughput (tok/s)':<34}{_num(s['input_token_throughput'])}",
              f"{'output token throughput (tok/s)':<34}{_num(s['output_token_throughput'])}",
-             f"{'peak output throughput (tok/s)':<34}{_num(s['peak_output_token_throughput'])}"]
+             f"{'peak output throughput (tok/s)':<34}{_num(s['peak_output_token_throughput'])}",
+             f"{'output text (chars per token)':<34}{_num(s.get('output_chars_per_token', math.nan))}"]
     if "goodput" in s:
         slos = ", ".join(f"{k}<={v:g}ms" for k, v in s["slos_ms"].items())
         lines.append(f"{'goodput (req/s) [' + slos + ']':<34}{_num(s['goodput'], 3)} ({s['good_requests']} good)")

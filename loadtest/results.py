@@ -17,7 +17,7 @@ from loadtest.runner import RunResult
 FORMAT = 1
 CSV_FIELDS = ("run", "load", "index", "ok", "status", "scheduled_s", "sent_s", "send_lag_s", "ttft_s",
               "tpot_s", "latency_s", "prompt_tokens", "completion_tokens", "chunks",
-              "input_tokens_requested", "max_tokens", "itl_s", "error")
+              "output_chars", "input_tokens_requested", "max_tokens", "itl_s", "error")
 
 
 def _finite(value: Any) -> Any:

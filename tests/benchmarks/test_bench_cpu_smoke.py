@@ -85,6 +85,8 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     assert sorted((r["way"], r["concurrency"], r["repeat"]) for r in timed) == sorted(
         (w, c, rep) for w in ("inproc", "gateway", "vllm") for c in (1, 4) for rep in (0, 1))
     assert all(r["failed"] == 0 and r["total_output_tokens"] == 4 * 8 for r in recs), recs
+    # every way streamed text (SmolLM2 with real weights: several characters a token), in-process too
+    assert all(r["output_chars_per_token"] > 0.5 for r in recs), [(r["way"], r["output_chars_per_token"]) for r in recs]
     checks = json.loads(doc.read_text())["meta"]["client_checks"]
     assert {c["way"] for c in checks} == {"gateway", "vllm"} and all(c["workers_doubled"] == 4 for c in checks)
     summary = json.loads(doc.read_text())["meta"]["summary"]

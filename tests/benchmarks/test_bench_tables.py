@@ -156,7 +156,7 @@ def test_synthetic_tokenizer(tmp_path: Path) -> None:
     import synth_tokenizer
 
     vocab = synth_tokenizer.synthetic_vocab(20000)
-    assert len(vocab) == 20000 and vocab["<eos>"] == 1 and vocab["<bos>"] == 2
+    assert len(vocab) == 20000 and vocab["<eos>"] == 1 and vocab["<bos>"] == 2 and vocab["<pad>"] == 0
     assert sorted(vocab.values()) == list(range(20000))
     out = synth_tokenizer.build(tmp_path / "m", vocab_size=20000)
     from tokenizers import Tokenizer
@@ -165,6 +165,12 @@ def test_synthetic_tokenizer(tmp_path: Path) -> None:
     assert tok.get_vocab_size() == 20000
     text = tok.decode([300, 301, 15000])
     assert text and text.isascii() and "\ufffd" not in text
+    # the dummy Gemma's only output id decodes to text; the real specials are still skipped
+    assert tok.decode([0, 1, 2, 3, 0]) == "<pad><pad>"
+    assert 0 not in tok.get_added_tokens_decoder() and 1 in tok.get_added_tokens_decoder()
+    from transformers import AutoTokenizer
+
+    assert 0 not in AutoTokenizer.from_pretrained(str(out)).all_special_ids  # no pad_token brings it back
     assert (out / "config.json").is_file()
 
 
@@ -195,8 +201,8 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
 
 
 def test_a_run_of_skipped_special_tokens_makes_each_detokenizer_step_costly(tmp_path: Path) -> None:
-    """What the dummy Gemma did on the H200 (every output id `<pad>`): vLLM's DecodeStream emits no
-    text and decodes its whole growing window again on each step."""
+    """What the dummy Gemma did on the H200 while `<pad>` was special (every output id was `<pad>`):
+    vLLM's DecodeStream emits no text and decodes its whole growing window again on each step."""
     import random
 
     import dummy_outputs
@@ -206,9 +212,12 @@ def test_a_run_of_skipped_special_tokens_makes_each_detokenizer_step_costly(tmp_
     tok = Tokenizer.from_file(str(synth_tokenizer.build(tmp_path / "m", vocab_size=20000) / "tokenizer.json"))
     rng = random.Random(0)
     prompts = [[rng.randrange(300, 19000) for _ in range(512)] for _ in range(4)]
-    pads = [[0] * 128 for _ in prompts]
+    pads = [[tok.token_to_id("<unk>")] * 128 for _ in prompts]  # a skipped special token
     ordinary = [[rng.randrange(300, 19000) for _ in range(128)] for _ in prompts]
     pad_us, pad_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, pads) for _ in range(2))
     text_us, text_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, ordinary) for _ in range(2))
     assert pad_silent == 1.0 and text_silent < 0.05
     assert pad_us > 3 * text_us, (pad_us, text_us)  # ~30x measured; 3x leaves room for a loaded CI
+    # `<pad>` itself (id 0) is ordinary text now, so the dummy model's outputs stream as text
+    _, now_silent = dummy_outputs.replay_us_per_step(tok, prompts, [[0] * 128 for _ in prompts])
+    assert now_silent == 0.0

@@ -44,6 +44,7 @@ def test_ttft_itl_tpot_and_throughput_match_the_script(fake_server: ServerFactor
     assert s["tpot_ms"]["median"] == pytest.approx(itl * 1000, rel=0.05)
     assert s["total_output_tokens"] == 16 * tokens
     assert all(r.completion_tokens == tokens and r.chunks == tokens and r.prompt_tokens == 4 for r in result.records)
+    assert all(r.output_chars == 3 * tokens for r in result.records) and s["output_chars_per_token"] == 3.0  # "tok"
     # 16 requests in 4 waves of 4, each ttft + 7 gaps long.
     per_request = ttft + (tokens - 1) * itl
     assert s["request_throughput"] == pytest.approx(4 / per_request, rel=0.05)
@@ -98,6 +99,7 @@ def test_chat_stream_skips_the_role_chunk_and_survives_split_utf8(fake_server: S
     server = fake_server([Script(ttft_s=0.1, itl_s=0.01, tokens=5, text="日本🙂", split_writes=True)])
     result = _run(server.base_url, Load("concurrency", 2), Bounds(num_requests=4), api="chat", api_key="sk-test")
     assert all(r.ok and r.chunks == 5 and r.completion_tokens == 5 for r in result.records)
+    assert all(r.output_chars == 5 * len("日本🙂") for r in result.records)  # characters, not bytes
     # The role chunk comes at once; TTFT must wait for the first content (100 ms + the split pause).
     assert min(r.ttft_s or 0 for r in result.records) >= 0.1
     assert server.served[0].body["messages"] == [{"role": "user", "content": "hello there"}]
@@ -107,7 +109,7 @@ def test_chat_stream_skips_the_role_chunk_and_survives_split_utf8(fake_server: S
 def test_non_streaming_and_ignore_eos_body(fake_server: ServerFactory) -> None:
     server = fake_server([Script(ttft_s=0.05, itl_s=0.01, tokens=6)])
     result = _run(server.base_url, Load("concurrency", 2), Bounds(num_requests=4), stream=False, ignore_eos=True)
-    assert all(r.ok and r.completion_tokens == 6 and r.itl_s == [] for r in result.records)
+    assert all(r.ok and r.completion_tokens == 6 and r.itl_s == [] and r.output_chars == 18 for r in result.records)
     assert all(r.ttft_s == r.latency_s or abs((r.ttft_s or 0) - (r.latency_s or 0)) < 0.01 for r in result.records)
     body = server.served[0].body
     assert body["ignore_eos"] is True and body["stream"] is False and "min_tokens" not in body

@@ -30,3 +30,4 @@ def test_short_run_has_no_errors_and_token_counts_match_usage(gateway: ServerPro
         assert r.ttft_s is not None and r.latency_s is not None and 0 < r.ttft_s < r.latency_s
     assert s["total_output_tokens"] == N * OUTPUT_LEN and s["total_input_tokens"] == N * INPUT_LEN
     assert s["output_token_throughput"] > 0 and s["tpot_ms"]["median"] > 0
+    assert s["output_chars_per_token"] > 0.5, s["output_chars_per_token"]  # the stream carried text
