@@ -80,9 +80,12 @@ def _carries_token(choice: dict[str, Any], api: Api) -> bool:
 
 def _text_length(choice: dict[str, Any]) -> int:
     """Characters of text a choice (a streamed chunk or a whole answer) carries."""
+    text = choice.get("text")
+    if isinstance(text, str):  # completions: the common case first, as this runs once per event
+        return len(text)
     part = choice.get("delta") or choice.get("message") or {}
-    pieces = [choice.get("text"), part.get("content"), part.get("reasoning_content") or part.get("reasoning")]
-    pieces += [(call.get("function") or {}).get("arguments") for call in part.get("tool_calls") or []]
+    pieces = [part.get("content"), part.get("reasoning_content") or part.get("reasoning")]
+    pieces += [(call.get("function") or {}).get("arguments") for call in part.get("tool_calls") or ()]
     return sum(len(p) for p in pieces if isinstance(p, str))
 
 
