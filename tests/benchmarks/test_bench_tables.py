@@ -212,12 +212,12 @@ def test_a_run_of_skipped_special_tokens_makes_each_detokenizer_step_costly(tmp_
     tok = Tokenizer.from_file(str(synth_tokenizer.build(tmp_path / "m", vocab_size=20000) / "tokenizer.json"))
     rng = random.Random(0)
     prompts = [[rng.randrange(300, 19000) for _ in range(512)] for _ in range(4)]
-    pads = [[tok.token_to_id("<unk>")] * 128 for _ in prompts]  # a skipped special token
+    specials = [[tok.token_to_id("<unk>")] * 128 for _ in prompts]  # a skipped special token
     ordinary = [[rng.randrange(300, 19000) for _ in range(128)] for _ in prompts]
-    pad_us, pad_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, pads) for _ in range(2))
+    special_us, special_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, specials) for _ in range(2))
     text_us, text_silent = min(dummy_outputs.replay_us_per_step(tok, prompts, ordinary) for _ in range(2))
-    assert pad_silent == 1.0 and text_silent < 0.05
-    assert pad_us > 3 * text_us, (pad_us, text_us)  # ~30x measured; 3x leaves room for a loaded CI
+    assert special_silent == 1.0 and text_silent < 0.05
+    assert special_us > 3 * text_us, (special_us, text_us)  # ~30x measured; 3x leaves room for a loaded CI
     # `<pad>` itself (id 0) is ordinary text now, so the dummy model's outputs stream as text
     _, now_silent = dummy_outputs.replay_us_per_step(tok, prompts, [[0] * 128 for _ in prompts])
     assert now_silent == 0.0
