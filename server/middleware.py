@@ -159,7 +159,6 @@ class BodyLimitMiddleware:
                     await send_error(send, 413, message)
                     return
         received = 0
-        started = False
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -170,16 +169,12 @@ class BodyLimitMiddleware:
                     raise _BodyTooLarge(message)
             return msg
 
-        async def tracking_send(msg: Message) -> None:
-            nonlocal started
-            if msg["type"] == "http.response.start":
-                started = True
-            await send(msg)
-
         try:
-            await self.app(scope, counting_receive, tracking_send)
+            await self.app(scope, counting_receive, send)
         except _BodyTooLarge:  # raised outside FastAPI's handlers (e.g. a streaming read)
-            if not started:
+            # MetricsMiddleware (outermost) notes the status as a response starts; reading it here
+            # spares every streamed chunk a send wrapper of this middleware's own.
+            if "status" not in scope.get("state", {}):
                 await send_error(send, 413, message)
 
 

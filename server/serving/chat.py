@@ -35,6 +35,7 @@ from server.serving.common import (
     sse_error,
 )
 from server.serving.chat_stream import ChatChoiceStream, chat_logprobs
+from server.serving.chunks import ChatContentChunks
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
 
 
@@ -195,7 +196,13 @@ class ChatService(GenerationService):
         created = int(time.time())
         model = self.holder.settings.served_model_name
 
+        plain = ChatContentChunks(request_id, created, model)
+
         def chunk(choice: ChatStreamChoice) -> str:
+            delta = choice.delta
+            if (choice.logprobs is None and delta.content is not None and delta.role is None
+                    and delta.reasoning is None and delta.tool_calls is None):  # most chunks: hand-built JSON
+                return plain.event(choice.index, delta.content, choice.finish_reason, choice.stop_reason)
             # Like OpenAI and vLLM: a delta carries only what it sets, stop_reason only at the end.
             exclude: dict[str, Any] = {
                 "delta": {k for k in ("role", "content", "reasoning", "tool_calls")

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from server.engine import ChoiceOutput, Engine, GenerationOutput, SamplingOptions, TokenLogprob
 from server.errors import InvalidRequestError
@@ -37,6 +38,7 @@ from server.serving.common import (
     sse,
     sse_error,
 )
+from server.serving.chunks import CompletionTextChunks
 from server.serving.streams import merge_streams
 
 logger = logging.getLogger("llm_gateway.completions")
@@ -228,12 +230,20 @@ class CompletionService(GenerationService):
         created = int(time.time())
         model = self.holder.settings.served_model_name
         states: dict[int, _ChoiceState] = {}
-        merged = merge_streams(streams)
+        plain = req.logprobs is None and not req.echo  # every chunk a text delta: hand-built JSON
+        chunks = CompletionTextChunks(request_id, created, model)
+        # One prompt (the common case) is read directly: merge_streams would add an async-generator
+        # layer that every token passes through.
+        single = len(streams) == 1
+        merged: AsyncIterator[Any] = streams[0] if single else merge_streams(streams)
         try:
-            async for i, out in merged:
+            async for item in merged:
+                i, out = (0, item) if single else item
                 for c in out.choices:
                     index = i * req.n + c.index
-                    state = states.setdefault(index, _ChoiceState())
+                    state = states.get(index)
+                    if state is None:
+                        state = states[index] = _ChoiceState()
                     text = c.text
                     entries: list[TokenLogprob] = []
                     if req.echo and not state.echoed:
@@ -253,6 +263,9 @@ class CompletionService(GenerationService):
                         stats.first_token_at = time.monotonic()
                     if c.finish_reason:
                         stats.finish_reasons.append(c.finish_reason)
+                    if plain:
+                        yield chunks.event(index, text, c.finish_reason, c.stop_reason)
+                        continue
                     chunk = CompletionStreamResponse(
                         id=request_id,
                         created=created,
@@ -278,5 +291,5 @@ class CompletionService(GenerationService):
         except Exception as exc:  # never leave a started stream without an ending
             yield sse_error(exc, request_id)
         finally:
-            await merged.aclose()
+            await merged.aclose()  # type: ignore[attr-defined]
         yield DONE_EVENT

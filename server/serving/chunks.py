@@ -1,0 +1,55 @@
+"""Hand-built SSE events for the chunk a stream sends most: one choice's plain text delta.
+
+At c = 256 on the H200, building and dumping a pydantic model per chunk was about 7% of the event
+loop (py-spy, 2026-12-03), the largest share the gateway could cut on its own. These builders write
+byte for byte what the models write (tests/serving/test_chunks.py compares them over awkward text);
+every other chunk (logprobs, echo, roles, reasoning, tool calls, usage) still goes through the models.
+"""
+
+from __future__ import annotations
+
+from json.encoder import encode_basestring  # the C encoder json.dumps uses, without its per-call setup
+
+
+def _json_scalar(value: int | str | None) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring(value)
+    return str(int(value))
+
+
+class CompletionTextChunks:
+    """`data: {...}` events of /v1/completions for one stream, as CompletionStreamResponse
+    (without usage) dumps them."""
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        self._head = (
+            f'data: {{"id":{encode_basestring(request_id)},"object":"text_completion",'
+            f'"created":{int(created)},"model":{encode_basestring(model)},"choices":[{{"index":'
+        )
+
+    def event(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> str:
+        return (
+            f'{self._head}{index},"text":{encode_basestring(text)},"logprobs":null,'
+            f'"finish_reason":{_json_scalar(finish_reason)},"stop_reason":{_json_scalar(stop_reason)}}}]}}\n\n'
+        )
+
+
+class ChatContentChunks:
+    """`data: {...}` events of /v1/chat/completions for a delta with content only and no logprobs,
+    as ChatCompletionStreamResponse dumps them with the chat stream's exclusions (the delta's unset
+    fields, and stop_reason before the finish)."""
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        self._head = (
+            f'data: {{"id":{encode_basestring(request_id)},"object":"chat.completion.chunk",'
+            f'"created":{int(created)},"model":{encode_basestring(model)},"choices":[{{"index":'
+        )
+
+    def event(self, index: int, content: str, finish_reason: str | None, stop_reason: int | str | None) -> str:
+        tail = "" if finish_reason is None else f',"stop_reason":{_json_scalar(stop_reason)}'
+        return (
+            f'{self._head}{index},"delta":{{"content":{encode_basestring(content)}}},"logprobs":null,'
+            f'"finish_reason":{_json_scalar(finish_reason)}{tail}}}]}}\n\n'
+        )
