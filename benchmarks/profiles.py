@@ -6,9 +6,10 @@ profile), `load_format="dummy"` on the Gemma 4 E2B text config in benchmarks/mod
 shapes, random weights), no tokenizer (`skip_tokenizer_init=True`, token-id prompts) and
 `detokenize=False`. Every workload is warmed up on the same shapes with *different* random
 prompts, then timed on fresh random prompts (token ids in [0, 262144)), so prefix caching never
-hits. `ignore_eos=True` makes every request produce exactly `max_tokens` tokens.
+hits. `ignore_eos=True` makes every request produce exactly `max_tokens` tokens. `--repeats N` times
+each workload N times (fresh prompts each), and the table shows the median with its min-max.
 
-One JSON line per (profile, workload) is appended to --out as soon as it is measured, so a
+One JSON line per (profile, workload, repeat) is appended to --out as soon as it is measured, so a
 run stopped at its deadline still returns data; a summary table is printed at the end.
 
     # on the GPU machine (vLLM 0.26.0 on PYTHONPATH)
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -88,6 +90,11 @@ PROFILES: dict[str, dict] = {
     "no_prefix_cache_async": _p(**NOPC, async_scheduling=True),
     "no_prefix_cache_no_async": _p(**NOPC, async_scheduling=False),
     "no_prefix_cache_eager": _p(**NOPC, enforce_eager=True),
+    # issue 14, goal 6: does Model Runner V2 (no fast prefill) with a large token budget keep the
+    # defaults' decode and reach fast prefill's 4K prefill, and at which max_num_seqs
+    "no_prefix_cache_32k_256seqs": _p(**NOPC, max_num_seqs=256, max_num_batched_tokens=32768),
+    "no_prefix_cache_32k_512seqs": _p(**NOPC, max_num_seqs=512, max_num_batched_tokens=32768),
+    "no_prefix_cache_32k_no_async": _p(**NOPC, max_num_batched_tokens=32768, async_scheduling=False),
 }
 
 COMMON = {
@@ -106,7 +113,8 @@ def random_prompts(rng: random.Random, n: int, length: int) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------------- child
-def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dry: bool) -> None:
+def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dry: bool,
+          repeats: int = 1) -> None:
     t0 = time.perf_counter()
     info: dict = {}
     if dry:
@@ -157,21 +165,27 @@ def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dr
         # max_num_batched_tokens anyway), full concurrency for decode so every graph size is hit
         wn = min(n, 64) if lin >= 4096 else n
         run(random_prompts(rng, wn, lin), lout)
-        dt, n_in, n_out = run(random_prompts(rng, n, lin), lout)
-        tok = (n_in + n_out) if metric == "total" else n_out
-        rec = {
-            "profile": name, "workload": wl, "metric": f"{metric}_tok_s",
-            "tok_s": round(tok / dt, 1), "elapsed_s": round(dt, 4),
-            "prompts": n, "prompt_tokens": n_in, "output_tokens": n_out,
-            "total_tok_s": round((n_in + n_out) / dt, 1), "output_tok_s": round(n_out / dt, 1),
-            "engine_start_s": round(start_s, 1), "engine_args": spec, "engine_info": info,
-            "dry_run": dry, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        with out.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
-        print(f"[{name}] {wl}: {rec['tok_s']:.1f} {metric} tok/s ({dt:.2f}s)", flush=True)
+        for repeat in range(repeats):
+            dt, n_in, n_out = run(random_prompts(rng, n, lin), lout)
+            record(name, wl, metric, repeat, dt, n_in, n_out, start_s, spec, info, dry, out)
     print(f"[{name}] done in {time.perf_counter() - t0:.1f}s", flush=True)
     os._exit(0)  # skip engine teardown: the process is ending anyway
+
+
+def record(name: str, wl: str, metric: str, repeat: int, dt: float, n_in: int, n_out: int, start_s: float,
+           spec: dict, info: dict, dry: bool, out: Path) -> None:
+    tok = (n_in + n_out) if metric == "total" else n_out
+    rec = {
+        "profile": name, "workload": wl, "repeat": repeat, "metric": f"{metric}_tok_s",
+        "tok_s": round(tok / dt, 1), "elapsed_s": round(dt, 4),
+        "prompts": WORKLOADS[wl][0], "prompt_tokens": n_in, "output_tokens": n_out,
+        "total_tok_s": round((n_in + n_out) / dt, 1), "output_tok_s": round(n_out / dt, 1),
+        "engine_start_s": round(start_s, 1), "engine_args": spec, "engine_info": info,
+        "dry_run": dry, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    with out.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(f"[{name}] {wl} #{repeat}: {rec['tok_s']:.1f} {metric} tok/s ({dt:.2f}s)", flush=True)
 
 
 # -------------------------------------------------------------------------------- parent
@@ -190,23 +204,36 @@ def load(paths: list[Path]) -> list[dict]:
     return recs
 
 
+def _tok(v: float) -> str:
+    return f"{v / 1000:.2f}k" if v >= 1000 else f"{v:.0f}"
+
+
 def table(recs: list[dict], base: str = "defaults") -> str:
+    """Median tok/s per (profile, workload), its min-max when repeated, and the ratio of medians
+    to `base`."""
     profiles = list(dict.fromkeys(r["profile"] for r in recs))
     wls = [w for w in WORKLOADS if any(r["workload"] == w for r in recs)]
-    val = {(r["profile"], r["workload"]): r["tok_s"] for r in recs}
+    runs: dict[tuple[str, str], list[float]] = {}
+    for r in recs:
+        runs.setdefault((r["profile"], r["workload"]), []).append(r["tok_s"])
+    med = {key: statistics.median(values) for key, values in runs.items()}
     head = "| profile | " + " | ".join(wls) + " |"
     lines = [head, "|" + " --- |" * (len(wls) + 1)]
     for p in profiles:
         cells = []
         for w in wls:
-            v = val.get((p, w))
-            b = val.get((base, w))
+            v = med.get((p, w))
             if v is None:
                 cells.append("-")
-            elif b and p != base:
-                cells.append(f"{v / 1000:.2f}k ({v / b:.2f}x)" if v >= 1000 else f"{v:.0f} ({v / b:.2f}x)")
-            else:
-                cells.append(f"{v / 1000:.2f}k" if v >= 1000 else f"{v:.0f}")
+                continue
+            cell = _tok(v)
+            values = runs[(p, w)]
+            if len(values) > 1:
+                cell += f" ({_tok(min(values))}-{_tok(max(values))})"
+            b = med.get((base, w))
+            if b and p != base:
+                cell += f" {v / b:.2f}x"
+            cells.append(cell)
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -234,6 +261,7 @@ def main() -> None:
     ap.add_argument("--model", default=str(MODEL_DIR))
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting/running after this")
     ap.add_argument("--min-left-s", type=float, default=60.0, help="do not start a profile with less left")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per workload (fresh prompts each)")
     ap.add_argument("--dry-run", action="store_true", help="fake engine: test the driver without vLLM")
     ap.add_argument("--table", nargs="*", type=Path, help="print a table from result files and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -244,7 +272,7 @@ def main() -> None:
         return
     workloads = a.workloads.split(",")
     if a.child:
-        child(a.child, PROFILES[a.child], workloads, a.out, a.model, a.dry_run)
+        child(a.child, PROFILES[a.child], workloads, a.out, a.model, a.dry_run, a.repeats)
         return
 
     t_end = time.monotonic() + a.deadline_s
@@ -258,7 +286,7 @@ def main() -> None:
             print(f"[{name}] skipped: {left:.0f}s left", flush=True)
             continue
         cmd = [sys.executable, __file__, "--child", name, "--workloads", a.workloads,
-               "--out", str(a.out), "--model", a.model] + (["--dry-run"] if a.dry_run else [])
+               "--out", str(a.out), "--model", a.model, "--repeats", str(a.repeats)] + (["--dry-run"] if a.dry_run else [])
         t = time.monotonic()
         logf = a.log.open("a") if a.log else None
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,0 +1,45 @@
+"""The engine-profile benchmark's driver without vLLM: repeats, and a table of medians with spreads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import profiles  # noqa: E402
+
+
+def _rec(profile: str, workload: str, tok_s: float, repeat: int = 0) -> dict:
+    return {"profile": profile, "workload": workload, "repeat": repeat, "tok_s": tok_s}
+
+
+def test_table_shows_median_spread_and_ratio_of_medians() -> None:
+    recs = [_rec("defaults", "decode_256x512_256", v, i) for i, v in enumerate((10_000, 12_000, 11_000))]
+    recs += [_rec("no_prefix_cache_32k", "decode_256x512_256", v, i) for i, v in enumerate((13_200, 9_000, 14_000))]
+    recs += [_rec("no_prefix_cache_32k", "single_1x1024_256", 280.0)]
+    lines = profiles.table(recs).splitlines()
+    assert lines[0] == "| profile | decode_256x512_256 | single_1x1024_256 |"
+    assert lines[2] == "| defaults | 11.00k (10.00k-12.00k) | - |"
+    # 13.2k / 11k: the ratio is of medians, not of best runs
+    assert lines[3] == "| no_prefix_cache_32k | 13.20k (9.00k-14.00k) 1.20x | 280 |"
+
+
+def test_dry_run_writes_one_line_per_repeat(tmp_path: Path) -> None:
+    out = tmp_path / "dry.jsonl"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "profiles.py"), "--dry-run", "--repeats", "3",
+         "--profiles", "defaults,no_prefix_cache_32k_512seqs", "--workloads", "decode_32x512_256,prefill_4x1024_1",
+         "--out", str(out), "--deadline-s", "60", "--min-left-s", "1"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2 * 2 * 3
+    seen = {(r["profile"], r["workload"], r["repeat"]) for r in recs}
+    assert ("no_prefix_cache_32k_512seqs", "prefill_4x1024_1", 2) in seen
+    assert {r["engine_args"]["max_num_seqs"] for r in recs if r["profile"] == "no_prefix_cache_32k_512seqs"} == {512}
+    assert "(" in run.stdout.splitlines()[-1]  # the final table shows the spread of the repeats
