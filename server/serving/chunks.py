@@ -2,7 +2,7 @@
 
 At c = 256 on the H200, building and dumping a pydantic model per chunk was about 7% of the event
 loop (py-spy, 2026-12-03), the largest share the gateway could cut on its own. These builders write
-byte for byte what the models write (tests/serving/test_chunks.py compares them over awkward text);
+byte for byte what the models write (tests/unit/test_serving_chunks.py compares them over awkward text);
 every other chunk (logprobs, echo, roles, reasoning, tool calls, usage) still goes through the models.
 """
 
@@ -19,15 +19,20 @@ def _json_scalar(value: int | str | None) -> str:
     return str(int(value))
 
 
+def _event_head(object_name: str, request_id: str, created: int, model: str) -> str:
+    """Everything of a one-choice chunk event up to the choice's index: the same for a whole stream."""
+    return (
+        f'data: {{"id":{encode_basestring(request_id)},"object":"{object_name}",'
+        f'"created":{int(created)},"model":{encode_basestring(model)},"choices":[{{"index":'
+    )
+
+
 class CompletionTextChunks:
     """`data: {...}` events of /v1/completions for one stream, as CompletionStreamResponse
     (without usage) dumps them."""
 
     def __init__(self, request_id: str, created: int, model: str) -> None:
-        self._head = (
-            f'data: {{"id":{encode_basestring(request_id)},"object":"text_completion",'
-            f'"created":{int(created)},"model":{encode_basestring(model)},"choices":[{{"index":'
-        )
+        self._head = _event_head("text_completion", request_id, created, model)
 
     def event(self, index: int, text: str, finish_reason: str | None, stop_reason: int | str | None) -> str:
         return (
@@ -42,10 +47,7 @@ class ChatContentChunks:
     fields, and stop_reason before the finish)."""
 
     def __init__(self, request_id: str, created: int, model: str) -> None:
-        self._head = (
-            f'data: {{"id":{encode_basestring(request_id)},"object":"chat.completion.chunk",'
-            f'"created":{int(created)},"model":{encode_basestring(model)},"choices":[{{"index":'
-        )
+        self._head = _event_head("chat.completion.chunk", request_id, created, model)
 
     def event(self, index: int, content: str, finish_reason: str | None, stop_reason: int | str | None) -> str:
         tail = "" if finish_reason is None else f',"stop_reason":{_json_scalar(stop_reason)}'
