@@ -2,8 +2,8 @@
 
 - detected within the stall timeout (+5 s): /health 503 with the reason, every client gets an
   error (none hangs), the gateway exits 3 and leaves no engine process behind;
-- a stop shorter than the timeout, an idle gateway, and prefill work that keeps requests without
-  output for longer than the timeout are not stalls.
+- a stop shorter than the timeout, an idle gateway (before the stop above, on the same gateway), and
+  prefill work that keeps requests without output for longer than the timeout are not stalls.
 """
 
 from __future__ import annotations
@@ -118,12 +118,29 @@ def health(server: ServerProcess) -> httpx.Response:
     return httpx.get(server.base_url + "/health", timeout=5)
 
 
-def test_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(model_dir: Path, tmp_path: Path) -> None:
+def stays_idle_and_healthy(server: ServerProcess, seconds: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        assert health(server).json() == {"status": "ok", "state": "serving"}
+        assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 200
+        time.sleep(0.5)
+    assert httpx.get(server.base_url + "/admin/status", timeout=5).json()["engine_quiet_s"] == 0
+
+
+def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(model_dir: Path, tmp_path: Path) -> None:
+    """First two timeouts of idleness (a watchdog that counted idle time would trip after the
+    first), then work that starts after them must not count them either, then the real stall.
+    On this gateway's short timeout the idle spell costs seconds, not minutes of CI per vLLM."""
     server = start_gateway(tmp_path, env=stall_env(SHORT_STALL_S))
     cores = engine_cores(server)
     try:
+        stays_idle_and_healthy(server, 2 * SHORT_STALL_S)
         streams = Streams(server, 8, max_tokens=3000)
         streams.wait_started()
+        working_since = time.monotonic()
+        while time.monotonic() - working_since < 1.5:  # streams after an idle spell are not a stall
+            assert health(server).status_code == 200
+            time.sleep(0.2)
         engine_pids = descendants(server.proc.pid)
         for core in cores:
             core.suspend()
@@ -138,6 +155,9 @@ def test_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(model_di
             time.sleep(0.2)
         detected_s = time.monotonic() - stopped_at
         assert stalled is not None, f"/health still 200 after {detected_s:.1f} s"
+        # Not earlier than the timeout allows: the quiet clock starts at the last output before
+        # the stop (an engine step here is ~0.1 s), not at the idle spell before the streams.
+        assert detected_s >= SHORT_STALL_S - 1, f"stalled after only {detected_s:.1f} s"
         body = stalled.json()
         assert body["status"] == "stalled" and body["state"] == "stalled"
         assert "8 request(s) pending" in body["reason"], body
@@ -193,22 +213,10 @@ def test_a_stop_shorter_than_the_timeout_is_not_a_stall(watched: Watched) -> Non
     assert watched.proc.poll() is None
 
 
-def test_an_idle_gateway_stays_healthy(watched: Watched) -> None:
-    stall_s, watched = watched.stall_s, watched.server
-    t0 = time.monotonic()
-    # Two timeouts of idleness: a watchdog that counted idle time as a stall would have tripped
-    # after the first (three cost CI another minute per vLLM version on a slow machine).
-    while time.monotonic() - t0 < 2 * stall_s:
-        assert health(watched).json() == {"status": "ok", "state": "serving"}
-        assert httpx.get(watched.base_url + "/ready", timeout=5).status_code == 200
-        time.sleep(0.5)
-    assert httpx.get(watched.base_url + "/admin/status", timeout=5).json()["engine_quiet_s"] == 0
-
-
 def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
-    """After the idle spell of the test before, five fresh 4,000-token prompts at once: each is
-    one engine step of about 1/3 of the timeout, without any output, and the last answer waits for
-    all five steps, longer than the timeout, while the engine reports every step."""
+    """Five fresh 4,000-token prompts at once: each is one engine step of about 1/3 of the
+    timeout, without any output, and the last answer waits for all five steps, longer than the
+    timeout, while the engine reports every step."""
     stall_s, step_s, watched = watched.stall_s, watched.step_s, watched.server
     rng = random.Random(7)
     prompts = [fresh_prompt(rng) for _ in range(5)]
