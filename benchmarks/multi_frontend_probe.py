@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Several `AsyncLLM` clients, each in its own process, on one engine core: the experiments C1-C3 of
+"""Several `AsyncLLM` clients, each in its own process, on one engine core: the experiments C1-C4 and C6 of
 docs/design/multi-frontend.md (section 5), before any of that design is built.
 
 This process plays the design's manager. It launches the engine core the way `vllm serve
@@ -13,6 +13,10 @@ reload that starts a new core would need (C2). Then:
   gateway's in-place reload does). No client may receive a token while it is paused. One
   `collective_rpc` reloads the weights (the gateway's worker method, same checkpoint) and must run
   once per model worker. After `resume_generation()` every stream goes on to its end.
+- C6: vLLM's counters (generated tokens, finished requests), written by every process into one
+  `PROMETHEUS_MULTIPROC_DIR` as `vllm serve` arranges for N > 1, sum to what the clients received;
+- C4 (`--kill-watch-s`): during a second round of long generations the core is SIGKILLed. The
+  manager's process sentinel must fire; what the clients and the control client see is reported.
 
 Prints one PASS/FAIL line per check and writes the measurements as JSON (--out). It drives vLLM's
 private launch API directly, so it is a probe, not a gateway component (server/engine is the only
@@ -31,8 +35,10 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
@@ -119,6 +125,26 @@ def client_main(index: int, count: int, addresses: dict[str, str], engine_kwargs
         llm = None  # dropped while the modules are alive: its __del__ shuts down again, noisily at exit
 
 
+def summed_counters(want: dict[str, float], wait_s: float = 10.0) -> dict[str, float]:
+    """These counters summed over every process's metric files, as one scrape of a multi-process
+    `/metrics` would show them; waits up to `wait_s` for them to reach `want` (a client records a
+    step's stats just after it hands on the step's outputs)."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    give_up = time.monotonic() + wait_s
+    while True:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        totals = dict.fromkeys(want, 0.0)
+        for family in registry.collect():
+            for sample in family.samples:
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+        if totals == want or time.monotonic() > give_up:
+            return totals
+        time.sleep(0.2)
+
+
 def launch_core(vllm_config: Any, addresses: Any, clients: int) -> Any:
     """vLLM's `launch_core_engines` context manager, called as each release takes it."""
     from vllm.v1.engine.utils import launch_core_engines
@@ -149,6 +175,10 @@ def main() -> int:
                    help="C4: how long the clients watch after the core is SIGKILLed (0: skip C4)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    # C6: vLLM's metrics from every process in one directory, as `vllm serve` sets it up for N > 1;
+    # prometheus_client reads this when it is first imported (by vLLM, below).
+    metrics_dir = tempfile.mkdtemp(prefix="probe-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     sys.path.insert(0, str(ROOT))
     from server.engine import engine_args_kwargs, prepare_engine_environment
     from server.engine.worker_extension import QUALNAME
@@ -234,6 +264,10 @@ def main() -> int:
             r["tokens"] == expected and not r["errors"] for r in reports)
         checks["C3 the streams go on after resume_generation"] = checks[
             "C1 every client's streams end with every token"]
+        want = {"vllm:generation_tokens_total": n * a.streams * a.max_tokens,
+                "vllm:request_success_total": n * a.streams}
+        record["metrics_summed"] = await asyncio.to_thread(summed_counters, want)
+        checks["C6 vLLM's counters sum over the client processes"] = record["metrics_summed"] == want
         if a.kill_watch_s > 0 and "elapsed_s" in reports[0]:
             await kill_the_core(sum(progress[:]))
 
@@ -273,8 +307,8 @@ def main() -> int:
     engine_manager.shutdown(timeout=10)
     record["exit_codes"] = [proc.exitcode for proc in procs]
     checks["clients exit cleanly"] = all(proc.exitcode == 0 for proc in procs)
-    import shutil
     shutil.rmtree(rpc_dir, ignore_errors=True)
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}", flush=True)
     if "core_killed" in record:  # not pass/fail: what the design has to live with
