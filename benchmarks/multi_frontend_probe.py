@@ -260,10 +260,10 @@ def main() -> int:
         reports = [await asyncio.to_thread(results.get, timeout=600) for _ in procs]
         record["reports"] = sorted(reports, key=lambda r: r["index"])
         expected = [a.max_tokens] * a.streams
-        checks["C1 every client's streams end with every token"] = all(
+        # One check for two claims: every stream ran through the pause, so its full count also shows
+        # that it went on after resume_generation().
+        checks["C1, C3 every client's streams end with every token, after the resume"] = all(
             r["tokens"] == expected and not r["errors"] for r in reports)
-        checks["C3 the streams go on after resume_generation"] = checks[
-            "C1 every client's streams end with every token"]
         want = {"vllm:generation_tokens_total": n * a.streams * a.max_tokens,
                 "vllm:request_success_total": n * a.streams}
         record["metrics_summed"] = await asyncio.to_thread(summed_counters, want)
@@ -291,7 +291,7 @@ def main() -> int:
             await asyncio.wait_for(control.is_paused(), 3)
             seen["control_utility_call"] = "answered"
         except Exception as exc:
-            seen["control_utility_call"] = type(exc).__name__ or "timeout"
+            seen["control_utility_call"] = type(exc).__name__
         watched = [await asyncio.to_thread(results.get, timeout=a.kill_watch_s + 120) for _ in procs]
         for w in watched:
             if w.get("first_stream_end_at") is not None:
