@@ -76,6 +76,33 @@ def _day_of_minute(minute: int) -> str:
     return datetime.fromtimestamp(minute * 60, timezone.utc).strftime("%Y-%m-%d")
 
 
+OPEN_TIMEOUT_S = 10.0
+
+
+def open_usage_db(path: Path, timeout_s: float = OPEN_TIMEOUT_S) -> sqlite3.Connection:
+    """A connection to the usage file in WAL mode with the table in place.
+
+    Two instances starting at once on one new file race to switch it to WAL. SQLite answers the
+    loser's journal-mode change with SQLITE_BUSY at once, without waiting on its busy timeout,
+    so the setup is retried here until `timeout_s`.
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = 0.01
+    while True:
+        db = sqlite3.connect(path, timeout=timeout_s, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(SCHEMA)
+            return db
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+
+
 class UsageStore:
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
@@ -88,11 +115,7 @@ class UsageStore:
     def _connect(self) -> sqlite3.Connection:
         if self._db is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(SCHEMA)
-            self._db = db
+            self._db = open_usage_db(self.path)
         return self._db
 
     def record(self, tenant: str, *, error: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:

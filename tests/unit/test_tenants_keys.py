@@ -1,5 +1,5 @@
-"""The keys file, the settings rules around it, `llm-gateway keys add` / `usage`, and the max_tokens
-reservation rule."""
+"""The keys file, the settings rules around it, `llm-gateway keys add` / `usage`, the usage file's
+opening, and the max_tokens reservation rule."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import hashlib
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from pydantic import ValidationError
 from server.settings import EngineProfile, Settings, load_settings
 from server.tenants.keys import UNNAMED, KeysFileError, load_directory, load_keys_file
 from server.tenants.reservation import reserved_tokens
-from server.tenants.usage import SCHEMA, UPSERT
+from server.tenants.usage import SCHEMA, UPSERT, open_usage_db
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = {"engine": EngineProfile(device="cpu", kv_cache_memory_bytes=1)}
@@ -160,6 +162,53 @@ def test_usage_prints_a_table(tmp_path: Path) -> None:
     assert [line.split()[:3] for line in only[1:]] == [["a", "2026-11-30", "3"], ["a", "total", "3"]]
     assert cli("usage", "--usage-db", str(db), "--from", "yesterday").returncode != 0
     assert cli("usage", "--usage-db", str(tmp_path / "none.sqlite3")).returncode == 1
+
+
+def test_usage_file_opens_when_instances_start_at_once(tmp_path: Path) -> None:
+    # Two gateways on one new file raced to switch it to WAL, and SQLite's immediate "database is
+    # locked" stopped one at startup (CI, stop 30). Without the retry, 4 openers lose ~7% of rounds.
+    for round_ in range(60):
+        path = tmp_path / f"usage-{round_}.sqlite3"
+        start, errors = threading.Barrier(4), []
+
+        def open_one(path: Path = path, start: threading.Barrier = start, errors: list = errors) -> None:
+            start.wait()
+            try:
+                db = open_usage_db(path)
+                db.execute(UPSERT, ("a", "2026-12-03", 1, 0, 2, 3))
+                db.close()
+            except sqlite3.Error as exc:
+                errors.append(exc)
+
+        openers = [threading.Thread(target=open_one) for _ in range(4)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join()
+        assert errors == [], f"round {round_}"
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            assert conn.execute("SELECT requests, prompt_tokens + completion_tokens FROM usage").fetchall() == [(4, 20)]
+
+
+def test_usage_file_gives_up_on_other_errors_at_once_and_on_a_held_lock_in_time(tmp_path: Path) -> None:
+    began = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="unable to open"):
+        open_usage_db(tmp_path)  # a directory, not a file: not worth a retry
+    assert time.monotonic() - began < 1.0
+    path = tmp_path / "usage.sqlite3"
+    open_usage_db(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")  # another process holding the file past the timeout
+    try:
+        began = time.monotonic()
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            open_usage_db(path, timeout_s=0.5)
+        assert 0.4 < time.monotonic() - began < 5.0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 # -- the max_tokens rule ---------------------------------------------------------------------------
