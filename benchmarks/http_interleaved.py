@@ -3,7 +3,8 @@
 
 http_overhead.py runs the ways one after another, so drift between them (tens of percent between
 H200 runs) lands in the ratios. Here the three engines start once, side by side on one device
-(`engine.gpu_memory_utilization` 0.3 each on the GPU; only the way being measured has work), and
+(`engine.gpu_memory_utilization` 0.3 each on the GPU, less with more than three engines; only the
+way being measured has work), and
 each (concurrency, repeat) cell runs every way in turn, the order rotating, so the ways share the
 machine's drift. Same profile, prompts (seed per concurrency and repeat), loadtest command and
 result lines as http_overhead.py (its `inproc` child reads cells from stdin).
@@ -25,6 +26,9 @@ has no HTTP tokenization step to compare and is left out.
     # GPU, text prompts at c = 64 (benchmarks/gpu/part2.sh with TEXT=1 INTERLEAVED=1 WAYS=gateway,vllm ...)
     python3 benchmarks/http_interleaved.py --text-prompts --ways gateway,vllm --concurrency 64 --input-tokens 4096 \\
         --output-tokens 16 --out $OUT/t.jsonl
+    # G0 of docs/design/multi-frontend.md: `vllm serve` with 1, 2 and 4 API servers beside in-process
+    INTERLEAVED=1 WAYS=inproc,vllm,vllm2,vllm4 CONCURRENCY=256 WORKERS=8 EXTRA=--no-client-check \\
+        bash benchmarks/gpu/part2.sh
     # CPU smoke with the embedded model
     .venv/bin/python benchmarks/http_interleaved.py --device cpu --concurrency 1,2 --repeats 2 \\
         --requests 4 --input-tokens 32 --output-tokens 8 --out /tmp/i.jsonl
@@ -94,6 +98,12 @@ class InprocCells:
         self.log.close()
 
 
+def memory_share(engines: int) -> float:
+    """Each engine's `gpu_memory_utilization` with `engines` up at once on one GPU: 0.3 for up to
+    three (the share every earlier interleaved run used), less beyond, so that all fit in 0.9."""
+    return min(0.3, int(90 / max(1, engines)) / 100)
+
+
 def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median and spread per (way, concurrency) over the repeats; ratios of medians."""
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -101,7 +111,7 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r.get("bench") == "http_overhead" and not r.get("client_check"):
             cells.setdefault((r["way"], r["concurrency"]), []).append(r)
     rows = []
-    for (way, c), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], ho.WAYS.index(kv[0][0]))):
+    for (way, c), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], ho.way_order(kv[0][0]))):
         tok = [r["output_token_throughput"] for r in rs]
         ttft = [r["ttft_p50_ms"] for r in rs if r["ttft_p50_ms"] is not None]
         ttft99 = [r["ttft_p99_ms"] for r in rs if r.get("ttft_p99_ms") is not None]
@@ -140,7 +150,7 @@ def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
            "| TTFT p99 median ms (min-max) | vs in-process | vs vllm serve | failed | text chars per token |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        out.append(f"| {r['concurrency']} | {ho.WAY_LABEL[r['way']]} | {r['repeats']} | {f(r['out_tok_s_median'])} "
+        out.append(f"| {r['concurrency']} | {ho.way_label(r['way'])} | {r['repeats']} | {f(r['out_tok_s_median'])} "
                    f"({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | {f(r['ttft_p50_ms_median'])} "
                    f"({f(r.get('ttft_p50_ms_min'))}-{f(r.get('ttft_p50_ms_max'))}) | {f(r.get('ttft_p99_ms_median'))} "
                    f"({f(r.get('ttft_p99_ms_min'))}-{f(r.get('ttft_p99_ms_max'))}) | "
@@ -155,8 +165,10 @@ def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchlib.add_profile_args(ap, "profile override (repeatable); default on gpu: engine.gpu_memory_utilization=0.3")
-    ap.add_argument("--ways", default=",".join(ho.WAYS))
+    benchlib.add_profile_args(ap, "profile override (repeatable); default on gpu: engine.gpu_memory_utilization=0.3 "
+                            "(0.9 / engines beyond three)")
+    ap.add_argument("--ways", default=",".join(ho.WAYS), help="which ways (also vllmN: vllm serve "
+                    "--api-server-count N, experiment G0 of docs/design/multi-frontend.md)")
     ap.add_argument("--concurrency", default="1,32,256")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=None)
@@ -182,20 +194,22 @@ def main() -> None:
     a.out = a.out.resolve()
     gpu = a.device == "gpu"
     config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
-    share = {"engine": {"gpu_memory_utilization": 0.3}} if gpu else {}
+    ways = a.ways.split(",")
+    unknown = [w for w in ways if not ho.known_way(w)]
+    if unknown:
+        raise SystemExit(f"unknown ways {unknown} (ways: {', '.join(ho.WAYS)}, vllmN)")
+    if a.text_prompts and "inproc" in ways:
+        print("[interleaved] --text-prompts: the in-process way is left out (no HTTP tokenization step)", flush=True)
+        ways.remove("inproc")
+    share = {"engine": {"gpu_memory_utilization": memory_share(len(ways))}} if gpu else {}
     settings, profile, overrides = benchlib.gateway_profile(a, config, workdir, share)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     meta = {"run_id": run_id, "label": a.label or f"{a.device} interleaved", "device": a.device,
             "overrides": overrides.get("engine", {}), "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
             "vocab_size": a.vocab_size, "interleaved": True,
             "prompts": "text (loadtest --text-prompts --tokenizer MODEL_DIR)" if a.text_prompts else "token ids"}
-    ways = a.ways.split(",")
     if a.text_prompts:
         a.text_tokenizer = str(settings.model_path())  # the tokenizer every server loads: exact lengths
-        if "inproc" in ways:
-            print("[interleaved] --text-prompts: the in-process way is left out (no HTTP tokenization step)",
-                  flush=True)
-            ways.remove("inproc")
     concurrencies = [int(x) for x in a.concurrency.split(",")]
     servers: dict[str, Any] = {}
     inproc: InprocCells | None = None

@@ -6,7 +6,9 @@ another on the same machine, each in a fresh process tree with the same engine s
              (c workers, streaming DELTA outputs, same prompts, same sampling), timed per request;
 - `gateway`: `python -m server serve` on loopback, driven by `python -m loadtest run`;
 - `vllm`:    `vllm serve` (python -m vllm.entrypoints.openai.api_server) with the engine flags
-             the gateway passes to AsyncEngineArgs, driven by the *identical* loadtest command.
+             the gateway passes to AsyncEngineArgs, driven by the *identical* loadtest command;
+- `vllmN`:   the same with `--api-server-count N` (N API-server processes on one engine core:
+             experiment G0 of docs/design/multi-frontend.md, e.g. `--ways vllm,vllm2,vllm4`).
 
 All three start from one effective profile (--config plus the benchmark's overrides, written to
 WORKDIR/profile.yaml): the gateway reads that file, the other two get `engine_args_kwargs()` of
@@ -44,13 +46,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
 from benchlib import ROOT  # noqa: E402
 
-WAYS = ("inproc", "gateway", "vllm")
+WAYS = ("inproc", "gateway", "vllm")  # the default ways; `vllmN` ways are asked for by name
 WAY_LABEL = {"inproc": "in-process AsyncLLM", "gateway": "gateway (loadtest)", "vllm": "vllm serve (loadtest)"}
 # Goals from issue 9 part 2
 CELL_DONE = "[inproc] cell done"  # the child's answer to each cell it read from stdin
 GOAL_VS_INPROC = 0.97
 GOAL_VS_VLLM = 1.00
 GOAL_TTFT_P50_MS = 2.0
+
+
+def api_server_count(way: str) -> int | None:
+    """N for a `vllm serve` way (`vllm` is 1, `vllm4` is 4), None for any other way."""
+    if way == "vllm":
+        return 1
+    if way.startswith("vllm") and way[4:].isdigit() and int(way[4:]) >= 1:
+        return int(way[4:])
+    return None
+
+
+def known_way(way: str) -> bool:
+    return way in WAYS or api_server_count(way) is not None
+
+
+def way_label(way: str) -> str:
+    n = api_server_count(way)
+    if n is not None and n > 1:
+        return f"vllm serve --api-server-count {n} (loadtest)"
+    return WAY_LABEL.get(way, way)
+
+
+def way_order(way: str) -> tuple[int, int]:
+    """Table order: in-process, gateway, then `vllm serve` by API-server count."""
+    n = api_server_count(way)
+    return (len(WAYS), n) if n is not None else (WAYS.index(way) if way in WAYS else len(WAYS) + 1, 0)
 
 
 def requests_for(concurrency: int, fixed: int | None, cell_output_tokens: int = 0, output_tokens: int = 1) -> int:
@@ -89,10 +117,15 @@ def loadtest_cmd(base_url: str, model: str, concurrency: int, requests: int, war
             "--workers", str(client_workers(concurrency, workers))] + text
 
 
-def vllm_serve_cmd(kwargs: dict[str, Any], port: int) -> list[str]:
-    """`vllm serve` with the AsyncEngineArgs the gateway would pass (same names, kebab-case)."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
+def vllm_serve_cmd(kwargs: dict[str, Any], port: int, api_servers: int = 1) -> list[str]:
+    """`vllm serve` with the AsyncEngineArgs the gateway would pass (same names, kebab-case), with
+    `api_servers` API-server processes on its one engine core."""
+    entry = ["-m", "vllm.entrypoints.openai.api_server"]
+    if api_servers > 1:
+        # Only the `vllm serve` CLI starts several API servers; the api_server module runs one
+        # whatever --api-server-count says (vLLM 0.26 and 0.32).
+        entry = [str(Path(__file__).resolve().parent / "vllm_cli.py"), "serve", "--api-server-count", str(api_servers)]
+    cmd = [sys.executable, *entry, "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
     for key, value in kwargs.items():
         if key in ("enable_log_requests", "disable_log_stats"):
             continue  # the server's defaults already match (request logging off, stats on)
@@ -173,7 +206,7 @@ def goal_check(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if gw.get("ttft_p50_ms") is not None and vl.get("ttft_p50_ms") is not None:
                 row["ttft_p50_delta_ms"] = gw["ttft_p50_ms"] - vl["ttft_p50_ms"]
                 checks.append(row["ttft_p50_delta_ms"] <= GOAL_TTFT_P50_MS)
-        failed = sum(int((cells.get((w, c)) or {}).get("failed") or 0) for w in WAYS)
+        failed = sum(int(r.get("failed") or 0) for (_, rc), r in cells.items() if rc == c)
         row["failed"] = failed
         row["meets_goals"] = bool(checks) and all(checks) and failed == 0
         row["complete"] = ip is not None and vl is not None
@@ -190,7 +223,7 @@ def table(recs: list[dict[str, Any]]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in conc:
         ip, vl = cells.get(("inproc", c)), cells.get(("vllm", c))
-        for way in WAYS:
+        for way in sorted({w for (w, rc) in cells if rc == c}, key=way_order):
             r = cells.get((way, c))
             if r is None:
                 continue
@@ -198,7 +231,7 @@ def table(recs: list[dict[str, Any]]) -> str:
             vs_ip = ratio(tok, ip["output_token_throughput"]) if ip and way != "inproc" else None
             vs_vl = ratio(tok, vl["output_token_throughput"]) if vl and way != "vllm" else None
             lines.append(
-                f"| {c} | {WAY_LABEL.get(way, way)} | {f(r['request_throughput'])} | {f(tok)} | "
+                f"| {c} | {way_label(way)} | {f(r['request_throughput'])} | {f(tok)} | "
                 f"{f(r.get('ttft_p50_ms'))} / {f(r.get('ttft_p99_ms'))} | "
                 f"{f(r.get('tpot_p50_ms'))} / {f(r.get('tpot_p99_ms'))} | "
                 f"{'-' if vs_ip is None else f'{vs_ip:.3f}x'} | {'-' if vs_vl is None else f'{vs_vl:.3f}x'} | "
@@ -239,7 +272,7 @@ def start_http_server(way: str, settings, profile: Path, workdir: Path, t_end: f
     if way == "gateway":
         cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
     else:
-        cmd = vllm_serve_cmd(engine_args_kwargs(settings), port)
+        cmd = vllm_serve_cmd(engine_args_kwargs(settings), port, api_server_count(way) or 1)
     print(f"[{way}] starting: {' '.join(cmd)}", flush=True)
     server = benchlib.start_server(way, cmd, workdir / f"{way}.log", port, env)
     try:
@@ -340,7 +373,8 @@ def run_inproc_way(a: argparse.Namespace, profile: Path, workdir: Path, t_end: f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     benchlib.add_profile_args(ap, "profile override, e.g. engine.max_num_seqs=256 (repeatable)")
-    ap.add_argument("--ways", default=",".join(WAYS), help="which ways, in order")
+    ap.add_argument("--ways", default=",".join(WAYS), help="which ways, in order (also vllmN: "
+                    "vllm serve --api-server-count N)")
     ap.add_argument("--concurrency", default="1,32,256")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2 x concurrency, >= 16)")
     ap.add_argument("--cell-output-tokens", type=int, default=0,
@@ -401,10 +435,10 @@ def main() -> None:
         t = time.monotonic()
         if way == "inproc":
             run_inproc_way(a, profile, workdir, t_end, meta)
-        elif way in ("gateway", "vllm"):
+        elif known_way(way):
             run_http_way(way, a, settings, profile, workdir, t_end, meta)
         else:
-            raise SystemExit(f"unknown way {way!r} (ways: {', '.join(WAYS)})")
+            raise SystemExit(f"unknown way {way!r} (ways: {', '.join(WAYS)}, vllmN)")
         print(f"[{way}] done after {time.monotonic() - t:.0f}s", flush=True)
     recs = benchlib.load_jsonl([a.out])
     print(table(recs), flush=True)

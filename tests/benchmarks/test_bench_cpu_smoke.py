@@ -1,4 +1,4 @@
-"""CPU smoke runs of the two HTTP benchmarks with the embedded model (slow: engines start)."""
+"""CPU smoke runs of the HTTP benchmarks with the embedded model (slow: engines start)."""
 
 from __future__ import annotations
 
@@ -119,6 +119,25 @@ def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path
     summary = json.loads(doc.read_text())["meta"]["summary"]
     assert all(r["ttft_p99_ms_median"] is not None for r in summary)
     assert "| TTFT p99 median ms (min-max) |" in proc.stdout and "| 2 | vllm serve (loadtest) | 1 |" in proc.stdout
+
+
+@pytest.mark.slow
+def test_http_interleaved_api_server_ways_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+    """Experiment G0 in small: `vllm serve` with one and with two API servers, interleaved."""
+    out, work = tmp_path / "g0.jsonl", tmp_path / "work"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu",
+         "--ways", "vllm,vllm2", "--concurrency", "2", "--repeats", "1", "--requests", "4",
+         "--input-tokens", "32", "--output-tokens", "8", "--loadtest-workers", "1", "--no-client-check",
+         "--out", str(out), "--workdir", str(work), "--deadline-s", "800"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    recs = benchlib.load_jsonl([out])
+    assert sorted(r["way"] for r in recs) == ["vllm", "vllm2"], proc.stdout[-4000:]
+    assert all(r["failed"] == 0 and r["total_output_tokens"] == 4 * 8 for r in recs), recs
+    log = (work / "vllm2.log").read_text(errors="replace")
+    assert "ApiServer_0" in log and "ApiServer_1" in log  # two API-server processes served
+    assert "| 2 | vllm serve --api-server-count 2 (loadtest) | 1 |" in proc.stdout
 
 
 @pytest.mark.slow

