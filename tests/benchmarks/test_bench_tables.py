@@ -112,9 +112,10 @@ def test_vllm_serve_with_several_api_servers() -> None:
     assert "| 1.200x |" in body[-1]  # vs in-process (1000 out tok/s)
 
 
-def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does() -> None:
+def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does(monkeypatch) -> None:  # noqa: ANN001
     import importlib.metadata
 
+    import vllm
     import vllm_cli
 
     try:
@@ -129,6 +130,12 @@ def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does() -> 
         pass
     else:
         raise AssertionError("a missing distribution other than vllm must stay missing")
+
+    def nothing_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(vllm_cli, "_metadata_version", nothing_installed)  # the H200's unpacked bundle
+    assert vllm_cli._version("vllm") == vllm.__version__
 
 
 def test_settings_overrides_and_profile_file(tmp_path: Path) -> None:
