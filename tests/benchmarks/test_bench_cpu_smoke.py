@@ -69,17 +69,23 @@ def test_frontend_capacity_runs_two_trees_side_by_side(tmp_path: Path) -> None:
         assert all(r["failed"] == 0 and r["out_tok_s"] > 0 for r in doc["runs"][name])
 
 
+def interleaved(tmp_path: Path, *args: str,
+                deadline_s: int = 800) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """benchmarks/http_interleaved.py on the CPU, all files under tmp_path: (process, results, document)."""
+    out, doc = tmp_path / "results.jsonl", tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu", *args,
+         "--out", str(out), "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", str(deadline_s)],
+        cwd=ROOT, capture_output=True, text=True, timeout=deadline_s + 100)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc, out, doc
+
+
 @pytest.mark.slow
 def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     """Three engines up at once, every cell interleaving the ways; medians, ratios, client check."""
-    out, doc = tmp_path / "i.jsonl", tmp_path / "i.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu",
-         "--concurrency", "1,4", "--repeats", "2", "--requests", "4", "--input-tokens", "32",
-         "--output-tokens", "8", "--loadtest-workers", "2", "--out", str(out), "--doc", str(doc),
-         "--workdir", str(tmp_path / "work"), "--deadline-s", "800"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc, out, doc = interleaved(tmp_path, "--concurrency", "1,4", "--repeats", "2", "--requests", "4",
+                                 "--input-tokens", "32", "--output-tokens", "8", "--loadtest-workers", "2")
     recs = benchlib.load_jsonl([out])
     timed = [r for r in recs if not r.get("client_check")]
     assert sorted((r["way"], r["concurrency"], r["repeat"]) for r in timed) == sorted(
@@ -98,14 +104,9 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     """Issue 14, goal 4 in small: text prompts of an exact token length, gateway and vllm serve only."""
-    out, doc = tmp_path / "t.jsonl", tmp_path / "t.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu", "--text-prompts",
-         "--ways", "inproc,gateway,vllm", "--concurrency", "2", "--repeats", "1", "--requests", "4",
-         "--input-tokens", "64", "--output-tokens", "8", "--loadtest-workers", "1", "--out", str(out),
-         "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", "900"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1000)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc, out, doc = interleaved(tmp_path, "--text-prompts", "--ways", "inproc,gateway,vllm", "--concurrency", "2",
+                                 "--repeats", "1", "--requests", "4", "--input-tokens", "64", "--output-tokens", "8",
+                                 "--loadtest-workers", "1", deadline_s=900)
     assert "the in-process way is left out" in proc.stdout
     recs = benchlib.load_jsonl([out])
     timed = [r for r in recs if not r.get("client_check")]
@@ -124,18 +125,13 @@ def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path
 @pytest.mark.slow
 def test_http_interleaved_api_server_ways_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     """Experiment G0 in small: `vllm serve` with one and with two API servers, interleaved."""
-    out, work = tmp_path / "g0.jsonl", tmp_path / "work"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu",
-         "--ways", "vllm,vllm2", "--concurrency", "2", "--repeats", "1", "--requests", "4",
-         "--input-tokens", "32", "--output-tokens", "8", "--loadtest-workers", "1", "--no-client-check",
-         "--out", str(out), "--workdir", str(work), "--deadline-s", "800"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc, out, _ = interleaved(tmp_path, "--ways", "vllm,vllm2", "--concurrency", "2", "--repeats", "1",
+                               "--requests", "4", "--input-tokens", "32", "--output-tokens", "8",
+                               "--loadtest-workers", "1", "--no-client-check")
     recs = benchlib.load_jsonl([out])
     assert sorted(r["way"] for r in recs) == ["vllm", "vllm2"], proc.stdout[-4000:]
     assert all(r["failed"] == 0 and r["total_output_tokens"] == 4 * 8 for r in recs), recs
-    log = (work / "vllm2.log").read_text(errors="replace")
+    log = (tmp_path / "work" / "vllm2.log").read_text(errors="replace")
     assert "ApiServer_0" in log and "ApiServer_1" in log  # two API-server processes served
     assert "| 2 | vllm serve --api-server-count 2 (loadtest) | 1 |" in proc.stdout
 
