@@ -104,6 +104,29 @@ def memory_share(engines: int) -> float:
     return min(0.3, int(90 / max(1, engines)) / 100)
 
 
+SIDE_FIELDS = ("tpot_p50_ms", "engine_itl_ms", "engine_tokens_per_step", "engine_prefill_ms", "engine_queue_ms",
+               "frontend_cpu_cores", "engine_cpu_cores", "client_cpu_cores", "host_cpu_busy_pct")
+
+
+def _median(rs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return round(statistics.median(vals), 3) if vals else None
+
+
+def side_table(rows: list[dict[str, Any]]) -> str:
+    """The engine core's own timing and the CPU per cell (engine_side.py), medians over the repeats:
+    a client TPOT above the engine's per-token interval is frontend delay; an engine interval that
+    grows with the frontend's work is the engine core slowed beside it."""
+    f = benchlib.fmt_num
+    out = ["| concurrency | way | client TPOT p50 ms | engine per-token interval ms | engine tokens per step "
+           "| engine prefill ms | engine queue ms | frontend CPU cores | engine CPU cores | client CPU cores "
+           "| host CPU busy % |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cells = " | ".join(f(r.get(f"{k}_median")) for k in SIDE_FIELDS)
+        out.append(f"| {r['concurrency']} | {ho.way_label(r['way'])} | {cells} |")
+    return "\n".join(out)
+
+
 def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Median and spread per (way, concurrency) over the repeats; ratios of medians."""
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -124,7 +147,8 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "ttft_p99_ms_min": min(ttft99) if ttft99 else None,
                      "ttft_p99_ms_max": max(ttft99) if ttft99 else None,
                      "failed": sum(r["failed"] or 0 for r in rs),
-                     "output_chars_per_token": round(statistics.median(chars), 2) if chars else None})
+                     "output_chars_per_token": round(statistics.median(chars), 2) if chars else None,
+                     **{f"{k}_median": _median(rs, k) for k in SIDE_FIELDS}})
     by = {(r["way"], r["concurrency"]): r for r in rows}
     for r in rows:
         for ref in ("inproc", "vllm"):
@@ -263,6 +287,7 @@ def main() -> None:
     recs = [r for r in benchlib.load_jsonl([a.out]) if r.get("run_id") == run_id]
     rows = summarize(recs)
     print(table(rows, checks), flush=True)
+    print("\nEngine side and CPU per cell (medians; engine_side.py):\n" + side_table(rows), flush=True)
     if a.doc:
         doc_meta = {"label": meta["label"], "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
                     "python": sys.version.split()[0], "cpu_count": os.cpu_count(),

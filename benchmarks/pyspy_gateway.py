@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import engine_side  # noqa: E402
 import http_overhead as ho  # noqa: E402
 import pyspy_summary  # noqa: E402
 from benchlib import ROOT  # noqa: E402
@@ -111,6 +112,8 @@ def main() -> None:
         cmd += ["--duration", f"{load_s:.0f}"]
         notes.append("loadtest: " + " ".join(cmd[1:]))
         log = (workdir / "loadtest.log").open("a")
+        # py-spy is a reaped child too, so the clients' CPU is not told apart here
+        engine_before, cpu = engine_side.scrape(server.base_url), engine_side.CpuMeter(server.proc.pid, False)
         load = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=benchlib.clean_env(),
                                 start_new_session=True)
         time.sleep(a.settle_s)
@@ -133,11 +136,14 @@ def main() -> None:
             load.wait(timeout=max(5.0, t_end - time.monotonic() - 40))
         except subprocess.TimeoutExpired:
             notes.append("the loadtest did not finish before the deadline: stopped")
+        side = {**cpu.stop(), **engine_side.engine_delta(engine_before, engine_side.scrape(server.base_url))}
+        notes.append("over the whole load, profiled (engine_side.py): "
+                     + ", ".join(f"{k} {v}" for k, v in side.items()))
         if load.returncode == 0 and raw.exists():
             summary = json.loads(raw.read_text())["runs"][0]["summary"]
             result = ho.result_line("gateway", a.concurrency, summary, loadtest_workers=ho.client_workers(
                 a.concurrency, a.loadtest_workers), duration_asked_s=round(load_s), engine_start_s=round(start_s, 1),
-                **meta)
+                **side, **meta)
             benchlib.append_jsonl(out / "pyspy.jsonl", result)
             notes.append(f"loadtest (profiled, so slower than unprofiled): {result['completed']} requests, "
                          f"{result['output_token_throughput']:.0f} out tok/s, TTFT p50/p99 {result['ttft_p50_ms']}/"

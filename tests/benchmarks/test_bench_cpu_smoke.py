@@ -99,6 +99,11 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     assert {(r["way"], r["concurrency"]) for r in summary if r["repeats"] == 2} == {
         (w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 4)}
     assert "| 4 | gateway (loadtest) | 2 |" in proc.stdout
+    # engine_side.py: every way read the engine core's own per-token interval and its CPU
+    assert all(r["engine_itl_ms"] > 0 and r["engine_tokens_per_step"] >= 1 and r["engine_cpu_cores"] > 0
+               for r in timed), [(r["way"], r.get("engine_itl_ms"), r.get("engine_cpu_cores")) for r in timed]
+    assert all(r["client_cpu_cores"] > 0 for r in timed if r["way"] != "inproc")
+    assert "| 4 | gateway (loadtest) | " in proc.stdout.split("Engine side and CPU per cell")[1]
 
 
 @pytest.mark.slow

@@ -1,0 +1,74 @@
+"""benchmarks/engine_side.py: vLLM's engine-stamped histograms and CPU shares per cell (no engine)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import engine_side  # noqa: E402
+
+EXPOSITION = """# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} %(itl_n)s
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} %(itl_s)s
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} %(req_n)s
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} %(pre_s)s
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} %(req_n)s
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} NaN
+vllm:iteration_tokens_total_count{engine="0",model_name="m"} %(steps)s
+vllm:iteration_tokens_total_count{engine="1",model_name="m"} %(steps)s
+vllm:generation_tokens_total{engine="0",model_name="m"} %(gen)s
+gateway_requests_total{route="/v1/completions"} 7.0
+"""
+
+
+def _text(**v: float) -> str:
+    return EXPOSITION % v
+
+
+def test_engine_delta_reads_means_over_the_cell_and_tokens_per_step() -> None:
+    before = engine_side.parse_vllm(_text(itl_n=100, itl_s=0.5, req_n=4, pre_s=0.2, steps=50, gen=100))
+    after = engine_side.parse_vllm(_text(itl_n=1100, itl_s=5.5, req_n=8, pre_s=0.6, steps=300, gen=1100))
+    assert "gateway_requests_total" not in after and after["vllm:iteration_tokens_total_count"] == 600.0  # 2 engines
+    side = engine_side.engine_delta(before, after)
+    assert side["engine_itl_ms"] == 5.0  # 5.0 s over 1,000 tokens
+    assert side["engine_prefill_ms"] == 100.0  # 0.4 s over 4 requests
+    assert side["engine_queue_ms"] == 0.0  # NaN samples are skipped, not summed
+    assert side["engine_steps"] == 500 and side["engine_tokens_per_step"] == 2.0
+    assert engine_side.engine_delta(None, after) == {}  # a server that did not answer: no fields
+    same = engine_side.engine_delta(after, after)
+    assert same["engine_itl_ms"] is None and same["engine_tokens_per_step"] is None
+
+
+def test_scrape_of_a_port_with_no_server_is_none() -> None:
+    import socket
+
+    with socket.socket() as s:  # a loopback port bound and never listened on: refused at once
+        s.bind(("127.0.0.1", 0))
+        assert engine_side.scrape(f"http://127.0.0.1:{s.getsockname()[1]}", timeout_s=2) is None
+
+
+def test_cpu_meter_counts_the_frontend_its_children_and_reaped_clients() -> None:
+    busy = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        meter = engine_side.CpuMeter(os.getpid())
+        end = time.process_time() + 0.3
+        while time.process_time() < end:  # the frontend's own work
+            pass
+        subprocess.run([sys.executable, "-c", busy], check=True)  # a load client, reaped
+        side = meter.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert side["frontend_cpu_cores"] > 0.2 * 0.3 / side["cell_wall_s"]
+    assert side["client_cpu_cores"] * side["cell_wall_s"] >= 0.35  # the reaped child's 0.4 s
+    assert 0 <= side["engine_cpu_cores"] < 0.5  # the sleeping child: nearly nothing
+    assert 0 <= side["host_cpu_busy_pct"] <= 100 and side["host_cpus"] == os.cpu_count()
