@@ -1,4 +1,4 @@
-"""benchmarks/engine_side.py: vLLM's engine-stamped histograms and CPU shares per cell (no engine)."""
+"""benchmarks/engine_side.py (engine-stamped histograms and CPU shares per cell) and gc_pauses.py's table; no engine."""
 
 from __future__ import annotations
 
@@ -72,3 +72,20 @@ def test_cpu_meter_counts_the_frontend_its_children_and_reaped_clients() -> None
     assert side["client_cpu_cores"] * side["cell_wall_s"] >= 0.35  # the reaped child's 0.4 s
     assert 0 <= side["engine_cpu_cores"] < 0.5  # the sleeping child: nearly nothing
     assert 0 <= side["host_cpu_busy_pct"] <= 100 and side["host_cpus"] == os.cpu_count()
+
+
+def test_gc_pauses_table_compares_pause_time_per_thousand_requests() -> None:
+    import gc_pauses
+
+    def rec(way: str, full: int, ms: float) -> dict:
+        return {"way": way, "completed": 500, "gc_full_collections": full, "gc_pause_ms": ms,
+                "ttft_p99_ms": 80.0, "output_token_throughput": 900.0}
+
+    rows = {r["way"]: r for r in gc_pauses.summarize(
+        [rec("frozen", 3, 3.0), rec("unfrozen", 1, 240.0), rec("frozen", 1, 1.0), rec("unfrozen", 0, 0.0)])}
+    assert rows["frozen"]["pause_ms_per_1k_requests"] == 4.0 and rows["frozen"]["pause_ms_mean"] == 1.0
+    assert rows["unfrozen"]["pause_ms_per_1k_requests"] == 240.0 and rows["unfrozen"]["full_collections"] == 1
+    assert "| unfrozen | 2 | 1000 | 1 | 240 | 240 | 240 | 80.0 | 900 |" in gc_pauses.table(list(rows.values()))
+    assert gc_pauses.GC_SAMPLE.findall("gateway_gc_full_collection_seconds_count 3.0\n"
+                                       "gateway_gc_full_collection_seconds_sum 0.25\n") == [("count", "3.0"),
+                                                                                          ("sum", "0.25")]
