@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from server.app import build_app
 from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
+from server.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.http_protocol import uvicorn_http_options
 from server.process_group import isolate_engine_processes
@@ -68,6 +69,8 @@ class Gateway:
         self.app = build_app(settings, self.holder)
         self.app.state.reloader = self.reload
         self.stall_watch = StallWatch(self.holder, settings, self.app.state.metrics)
+        self.gc_pauses = GcPauseTimer(self.app.state.metrics.gc_full_collection.observe)
+        self._freeze_gc = settings.server.freeze_gc_heap  # read at start, like the listening address
         self._loader = loader
         self.config_path = config_path
         config = uvicorn.Config(
@@ -104,6 +107,8 @@ class Gateway:
         engine = self.holder.engine
         if engine is None:  # a stop signal arrived while it started; the holder stopped it
             return
+        if self._freeze_gc:
+            logger.info("startup heap frozen out of the garbage collector (%.0f ms)", 1000 * freeze_heap())
         labels = profile_labels(self.settings, engine.info.vllm_version, self.holder.weights)
         self.app.state.metrics.set_profile(labels)
         where = f"http://{self.settings.server.host}:{self.bound_port()}"
@@ -213,6 +218,8 @@ class Gateway:
         finally:
             if self.holder.is_ready():
                 self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
+        if self._freeze_gc:  # whatever the outcome, an engine may have been retired or abandoned
+            logger.info("heap frozen again after the reload (%.0f ms)", 1000 * refreeze_heap())
         if result.outcome == "success":
             self.config_path = path
             self.settings = new_settings
@@ -269,6 +276,7 @@ class Gateway:
                 self.settings.server.host,
             )
         await self.app.state.tenancy.start()
+        self.gc_pauses.install()
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
         self._spawn(self._watch_engine())
@@ -298,6 +306,7 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.app.state.tenancy.stop()  # after the last request: its usage is written too
+            self.gc_pauses.remove()
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
 

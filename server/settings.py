@@ -59,6 +59,11 @@ class ServerSettings(BaseModel):
     """Largest request head (request line and headers) accepted; 431 above. nginx's default
     `large_client_header_buffers 4 8k` allows the same 32 KiB."""
 
+    freeze_gc_heap: bool = True
+    """Once the engine is up (and after each reload), freeze the startup heap out of Python's
+    garbage collector, as `vllm serve` does, so full collections stop pausing the event loop for
+    ~100 ms each (server/gc_heap.py). Off only to measure what it saves."""
+
 
 class AuthSettings(BaseModel):
     """API keys. No key configured means open access (warned about off loopback)."""

@@ -267,6 +267,10 @@ class VllmEngine:
             "include_stop_str_in_output": options.include_stop_str_in_output,
             "logit_bias": options.logit_bias,
             "output_kind": RequestOutputKind.DELTA if options.stream else RequestOutputKind.FINAL_ONLY,
+            # One fresh object per prompt, never shared, so AsyncLLM.add_request's deepcopy of it
+            # (vLLM 0.26 and 0.32 alike; `vllm serve` skips it the same way) is waste on the event
+            # loop: SamplingParams.clone -> deepcopy was 5% of the gateway's samples at c = 32 on the H200.
+            "skip_clone": True,
         }
         try:
             if options.structured is not None:

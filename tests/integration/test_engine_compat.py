@@ -41,6 +41,8 @@ def test_valid_options_build_sampling_params() -> None:
                        structured={"json_object": True}, logit_bias={3: 1.0})
     assert isinstance(params, SamplingParams)
     assert params.output_kind is RequestOutputKind.DELTA and params.seed == 7
+    # fresh per prompt: AsyncLLM.add_request may skip its deepcopy, as it does for `vllm serve`
+    assert params.skip_clone is True and params.clone() is not params and params.clone().stop == ["x"]
 
 
 @pytest.mark.parametrize("fields", [
