@@ -20,6 +20,7 @@ import re
 import resource
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 SAMPLE = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN)$")
@@ -39,13 +40,19 @@ def parse_vllm(text: str) -> dict[str, float]:
     return got
 
 
-def scrape(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
-    """vLLM's counters from a server's /metrics on loopback; None if it did not answer."""
+def metrics_text(base_url: str, timeout_s: float = 5.0) -> str | None:
+    """A server's /metrics on loopback; None if it did not answer."""
     try:
         with urllib.request.urlopen(base_url + "/metrics", timeout=timeout_s) as resp:  # noqa: S310 (loopback)
-            return parse_vllm(resp.read().decode(errors="replace"))
+            return resp.read().decode(errors="replace")
     except OSError:
         return None
+
+
+def scrape(base_url: str, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """vLLM's counters from a server's /metrics on loopback; None if it did not answer."""
+    text = metrics_text(base_url, timeout_s)
+    return None if text is None else parse_vllm(text)
 
 
 def local() -> dict[str, float]:
@@ -123,3 +130,25 @@ class CpuMeter:
             kids = resource.getrusage(resource.RUSAGE_CHILDREN)
             out["client_cpu_cores"] = round((kids.ru_utime + kids.ru_stime - self.clients0) / wall, 3)
         return out
+
+
+class CellMeter:
+    """One cell's engine side and CPU: vLLM's counters read through `read_vllm` (`local`, or a
+    `scrape` of the server) before and after, and a CpuMeter between; `stop()` merges both."""
+
+    def __init__(self, frontend_pid: int, read_vllm: Callable[[], dict[str, float] | None],
+                 count_clients: bool = True):
+        self._read = read_vllm
+        self._before = read_vllm()
+        self._cpu = CpuMeter(frontend_pid, count_clients)
+
+    def stop(self) -> dict[str, Any]:
+        return {**self._cpu.stop(), **engine_delta(self._before, self._read())}
+
+
+def brief(rec: dict[str, Any]) -> str:
+    """The engine-side and CPU fields of a result line, for a driver's progress line."""
+    clients = f"clients {rec['client_cpu_cores']}, " if "client_cpu_cores" in rec else ""
+    return (f"engine ITL {rec.get('engine_itl_ms')} ms, {rec.get('engine_tokens_per_step')} tok/step; CPU cores: "
+            f"frontend {rec['frontend_cpu_cores']}, engine {rec['engine_cpu_cores']}, {clients}"
+            f"host busy {rec['host_cpu_busy_pct']}%")

@@ -22,12 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import engine_side  # noqa: E402
 import http_overhead as ho  # noqa: E402
 from benchlib import ROOT  # noqa: E402
 
@@ -37,8 +37,9 @@ GC_SAMPLE = re.compile(r"^gateway_gc_full_collection_seconds_(count|sum) ([0-9.e
 
 def gc_totals(base_url: str) -> dict[str, float]:
     """{"count": full collections so far, "sum": their seconds} from the gateway's /metrics."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as resp:  # noqa: S310 (loopback)
-        text = resp.read().decode(errors="replace")
+    text = engine_side.metrics_text(base_url, timeout_s=10)
+    if text is None:
+        raise OSError(f"no /metrics from {base_url}")
     return {k: float(v) for k, v in GC_SAMPLE.findall(text)}
 
 
@@ -93,7 +94,7 @@ def main() -> None:
     workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="gc-pauses-"))).resolve()
     a.out = a.out.resolve()
     config = a.config or (benchlib.GPU_CONFIG if a.device == "gpu" else benchlib.CPU_CONFIG)
-    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}"
+    run_id = time.strftime("%Y%m%dT%H%M%S")
     servers: dict[str, Any] = {}
     recs: list[dict[str, Any]] = []
     try:

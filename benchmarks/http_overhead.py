@@ -303,7 +303,7 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
     cmd_lt = loadtest_cmd(server.base_url, model, c, n, c, a.input_tokens, a.output_tokens, a.vocab_size,
                           seed_for(a.seed + 100 * rep, c), raw, workers=workers,
                           text_tokenizer=getattr(a, "text_tokenizer", None))
-    engine_before, cpu = engine_side.scrape(server.base_url), engine_side.CpuMeter(server.proc.pid)
+    meter = engine_side.CellMeter(server.proc.pid, lambda: engine_side.scrape(server.base_url))
     with (workdir / f"{way}-loadtest.log").open("a") as lf:
         lf.write(f"\n==== {' '.join(cmd_lt)}\n")
         lf.flush()
@@ -316,7 +316,7 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
         except subprocess.CalledProcessError as exc:
             print(f"[{way}] c={c}: loadtest exited {exc.returncode} (see {lf.name})", flush=True)
             return None
-    side = {**cpu.stop(), **engine_side.engine_delta(engine_before, engine_side.scrape(server.base_url))}
+    side = meter.stop()
     summary = json.loads(raw.read_text())["runs"][0]["summary"]
     shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]
     shown[shown.index("--out") + 1] = "$RAW.json"
@@ -329,9 +329,7 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
     benchlib.append_jsonl(a.out, rec)
     print(f"[{way}] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
           f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms, "
-          f"failed {rec['failed']}; engine ITL {rec.get('engine_itl_ms')} ms, {rec.get('engine_tokens_per_step')} "
-          f"tok/step; CPU cores: frontend {rec['frontend_cpu_cores']}, engine {rec['engine_cpu_cores']}, clients "
-          f"{rec.get('client_cpu_cores')}, host busy {rec['host_cpu_busy_pct']}%", flush=True)
+          f"failed {rec['failed']}; {engine_side.brief(rec)}", flush=True)
     return rec
 
 

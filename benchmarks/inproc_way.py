@@ -116,19 +116,16 @@ def inproc_child(a: argparse.Namespace) -> None:
             warm = random_specs(wl, c, seed + 1)  # loadtest's --warmup c uses seed + 1 too
             specs = random_specs(wl, n, seed)
             # warm-up included, as in the HTTP ways' loadtest runs (engine_side.py)
-            engine_before, cpu = engine_side.local(), engine_side.CpuMeter(os.getpid(), count_clients=False)
+            meter = engine_side.CellMeter(os.getpid(), engine_side.local, count_clients=False)
             await closed_loop(warm, c, len(warm), f"w{c}")
             records, duration = await closed_loop(specs, c, n, f"r{c}")
-            side = {**cpu.stop(), **engine_side.engine_delta(engine_before, engine_side.local())}
+            side = meter.stop()
             rec = result_line("inproc", c, summarize(records, duration), requests=n, warmup=c, repeat=rep,
                               engine_start_s=round(start_s, 1), vllm=vllm.__version__, **side, **json.loads(a.meta))
             benchlib.append_jsonl(Path(a.out), rec)
             print(f"[inproc] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
-                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms; engine ITL "
-                  f"{rec.get('engine_itl_ms')} ms, {rec.get('engine_tokens_per_step')} tok/step; CPU cores: frontend "
-                  f"{rec['frontend_cpu_cores']}, engine {rec['engine_cpu_cores']}, "
-                  f"host busy {rec['host_cpu_busy_pct']}%",
-                  flush=True)
+                  f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms; "
+                  f"{engine_side.brief(rec)}", flush=True)
             if a.cells_stdin:
                 print(CELL_DONE, flush=True)
 

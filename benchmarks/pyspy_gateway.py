@@ -113,7 +113,7 @@ def main() -> None:
         notes.append("loadtest: " + " ".join(cmd[1:]))
         log = (workdir / "loadtest.log").open("a")
         # py-spy is a reaped child too, so the clients' CPU is not told apart here
-        engine_before, cpu = engine_side.scrape(server.base_url), engine_side.CpuMeter(server.proc.pid, False)
+        meter = engine_side.CellMeter(server.proc.pid, lambda: engine_side.scrape(server.base_url), False)
         load = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=benchlib.clean_env(),
                                 start_new_session=True)
         time.sleep(a.settle_s)
@@ -136,7 +136,7 @@ def main() -> None:
             load.wait(timeout=max(5.0, t_end - time.monotonic() - 40))
         except subprocess.TimeoutExpired:
             notes.append("the loadtest did not finish before the deadline: stopped")
-        side = {**cpu.stop(), **engine_side.engine_delta(engine_before, engine_side.scrape(server.base_url))}
+        side = meter.stop()
         notes.append("over the whole load, profiled (engine_side.py): "
                      + ", ".join(f"{k} {v}" for k, v in side.items()))
         if load.returncode == 0 and raw.exists():

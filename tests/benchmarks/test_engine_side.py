@@ -89,3 +89,13 @@ def test_gc_pauses_table_compares_pause_time_per_thousand_requests() -> None:
     assert gc_pauses.GC_SAMPLE.findall("gateway_gc_full_collection_seconds_count 3.0\n"
                                        "gateway_gc_full_collection_seconds_sum 0.25\n") == [("count", "3.0"),
                                                                                           ("sum", "0.25")]
+
+
+def test_cell_meter_reads_before_and_after_and_merges_cpu() -> None:
+    reads = iter([engine_side.parse_vllm(_text(itl_n=0, itl_s=0, req_n=0, pre_s=0, steps=0, gen=0)),
+                  engine_side.parse_vllm(_text(itl_n=10, itl_s=0.05, req_n=1, pre_s=0.02, steps=5, gen=10))])
+    side = engine_side.CellMeter(os.getpid(), lambda: next(reads), count_clients=False).stop()
+    assert side["engine_itl_ms"] == 5.0 and side["engine_tokens_per_step"] == 1.0  # 2 engines, 5 steps each
+    assert "frontend_cpu_cores" in side and "client_cpu_cores" not in side
+    line = engine_side.brief(side)
+    assert line.startswith("engine ITL 5.0 ms, 1.0 tok/step; CPU cores: frontend ") and "clients" not in line
