@@ -43,6 +43,23 @@ def gc_totals(base_url: str) -> dict[str, float]:
     return {k: float(v) for k, v in GC_SAMPLE.findall(text)}
 
 
+# A gap between two tokens of one stream this long is a stalled event loop, not decoding: the H200's
+# per-token interval at c = 256 is ~10-15 ms, and an unfrozen full collection took ~480 ms.
+STALL_GAP_S = 0.3
+RAMP_TOKENS = 5  # the first gaps of a stream include other requests' prefills: not counted
+
+
+def stream_gaps(raw: Path) -> dict[str, Any]:
+    """What the clients saw of the pauses, from one cell's loadtest file (per-request token gaps):
+    the longest gap between two tokens of a stream, how many gaps reached STALL_GAP_S, and how
+    many requests saw at least one."""
+    requests = json.loads(raw.read_text())["runs"][0]["requests"]
+    gaps = [[g for g in (r.get("itl_s") or [])[RAMP_TOKENS:]] for r in requests]
+    stalls = [sum(g >= STALL_GAP_S for g in gs) for gs in gaps]
+    return {"max_token_gap_ms": round(1000 * max((max(gs) for gs in gaps if gs), default=0.0), 1),
+            "token_gaps_over_stall": sum(stalls), "requests_with_stall": sum(1 for n in stalls if n)}
+
+
 def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for way in WAYS:
@@ -57,14 +74,19 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "pause_ms_mean": round(pause_ms / full, 2) if full else None,
                      "pause_ms_per_1k_requests": round(1000 * pause_ms / n_req, 1) if n_req else None,
                      "ttft_p99_ms_median": statistics.median(r["ttft_p99_ms"] for r in rs),
-                     "out_tok_s_median": statistics.median(r["output_token_throughput"] for r in rs)})
+                     "out_tok_s_median": statistics.median(r["output_token_throughput"] for r in rs),
+                     "max_token_gap_ms": max((r["max_token_gap_ms"] for r in rs if "max_token_gap_ms" in r),
+                                             default="-"),
+                     "requests_with_stall": sum(r.get("requests_with_stall", 0) for r in rs)})
     return rows
 
 
 COLUMNS = (("startup heap", "way"), ("cells", "cells"), ("requests", "requests"),
            ("full collections", "full_collections"), ("pause total ms", "pause_ms_total"),
            ("pause mean ms", "pause_ms_mean"), ("pause ms per 1,000 requests", "pause_ms_per_1k_requests"),
-           ("TTFT p99 ms (median)", "ttft_p99_ms_median"), ("out tok/s (median)", "out_tok_s_median"))
+           ("TTFT p99 ms (median)", "ttft_p99_ms_median"), ("out tok/s (median)", "out_tok_s_median"),
+           ("longest gap between two tokens ms", "max_token_gap_ms"),
+           (f"requests with a gap >= {int(1000 * STALL_GAP_S)} ms", "requests_with_stall"))
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -120,11 +142,14 @@ def main() -> None:
                 rec = ho.result_line(way, a.concurrency, summary, bench="gc_pauses", run_id=run_id, repeat=rep,
                                      device=a.device, freeze_gc_heap=WAYS[way],
                                      gc_full_collections=int(after.get("count", 0) - before.get("count", 0)),
-                                     gc_pause_ms=round(1000 * (after.get("sum", 0) - before.get("sum", 0)), 2))
+                                     gc_pause_ms=round(1000 * (after.get("sum", 0) - before.get("sum", 0)), 2),
+                                     **stream_gaps(raw))
                 benchlib.append_jsonl(a.out, rec)
                 recs.append(rec)
                 print(f"[{way}] rep {rep}: {rec['completed']} requests, {rec['gc_full_collections']} full collections, "
-                      f"{rec['gc_pause_ms']} ms paused, TTFT p99 {rec['ttft_p99_ms']} ms", flush=True)
+                      f"{rec['gc_pause_ms']} ms paused, TTFT p99 {rec['ttft_p99_ms']} ms, longest token gap "
+                      f"{rec['max_token_gap_ms']} ms, {rec['requests_with_stall']} requests with a gap >= "
+                      f"{int(1000 * STALL_GAP_S)} ms", flush=True)
     except (RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
         print(f"[gc] stopped: {str(exc)[:2000]}", flush=True)
     finally:

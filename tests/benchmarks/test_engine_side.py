@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,6 +90,21 @@ def test_gc_pauses_table_compares_pause_time_per_thousand_requests() -> None:
     assert gc_pauses.GC_SAMPLE.findall("gateway_gc_full_collection_seconds_count 3.0\n"
                                        "gateway_gc_full_collection_seconds_sum 0.25\n") == [("count", "3.0"),
                                                                                           ("sum", "0.25")]
+
+
+def test_gc_pauses_counts_stalls_in_the_streams_from_the_loadtest_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gc_pauses
+
+    ramp = [0.9] * gc_pauses.RAMP_TOKENS  # other requests' prefills: not a stall
+    requests = [{"itl_s": ramp + [0.01, 0.48, 0.01, 0.31]}, {"itl_s": ramp + [0.01, 0.02]}, {"itl_s": None}]
+    raw = tmp_path / "cell.json"
+    raw.write_text(json.dumps({"runs": [{"requests": requests}]}))
+    assert gc_pauses.stream_gaps(raw) == {"max_token_gap_ms": 480.0, "token_gaps_over_stall": 2,
+                                          "requests_with_stall": 1}
+    rows = gc_pauses.summarize([{"way": "unfrozen", "completed": 3, "gc_full_collections": 1, "gc_pause_ms": 470.0,
+                                 "ttft_p99_ms": 80.0, "output_token_throughput": 900.0,
+                                 **gc_pauses.stream_gaps(raw)}])
+    assert gc_pauses.table(rows).splitlines()[-1].endswith("| 480 | 1 |")
 
 
 def test_cell_meter_reads_before_and_after_and_merges_cpu() -> None:
