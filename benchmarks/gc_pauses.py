@@ -49,12 +49,11 @@ STALL_GAP_S = 0.3
 RAMP_TOKENS = 5  # the first gaps of a stream include other requests' prefills: not counted
 
 
-def stream_gaps(raw: Path) -> dict[str, Any]:
-    """What the clients saw of the pauses, from one cell's loadtest file (per-request token gaps):
-    the longest gap between two tokens of a stream, how many gaps reached STALL_GAP_S, and how
-    many requests saw at least one."""
-    requests = json.loads(raw.read_text())["runs"][0]["requests"]
-    gaps = [[g for g in (r.get("itl_s") or [])[RAMP_TOKENS:]] for r in requests]
+def stream_gaps(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the clients saw of the pauses, from one cell's loadtest requests (`runs[0].requests`,
+    per-request token gaps): the longest gap between two tokens of a stream, how many gaps reached
+    STALL_GAP_S, and how many requests saw at least one."""
+    gaps = [(r.get("itl_s") or [])[RAMP_TOKENS:] for r in requests]
     stalls = [sum(g >= STALL_GAP_S for g in gs) for gs in gaps]
     return {"max_token_gap_ms": round(1000 * max((max(gs) for gs in gaps if gs), default=0.0), 1),
             "token_gaps_over_stall": sum(stalls), "requests_with_stall": sum(1 for n in stalls if n)}
@@ -138,12 +137,13 @@ def main() -> None:
                     subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=benchlib.clean_env(),
                                    timeout=max(1.0, t_end - time.monotonic()), check=True)
                 after = gc_totals(server.base_url)
-                summary = json.loads(raw.read_text())["runs"][0]["summary"]
+                run = json.loads(raw.read_text())["runs"][0]  # one parse: the file holds every request (MBs)
+                summary = run["summary"]
                 rec = ho.result_line(way, a.concurrency, summary, bench="gc_pauses", run_id=run_id, repeat=rep,
                                      device=a.device, freeze_gc_heap=WAYS[way],
                                      gc_full_collections=int(after.get("count", 0) - before.get("count", 0)),
                                      gc_pause_ms=round(1000 * (after.get("sum", 0) - before.get("sum", 0)), 2),
-                                     **stream_gaps(raw))
+                                     **stream_gaps(run["requests"]))
                 benchlib.append_jsonl(a.out, rec)
                 recs.append(rec)
                 print(f"[{way}] rep {rep}: {rec['completed']} requests, {rec['gc_full_collections']} full collections, "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -92,18 +91,16 @@ def test_gc_pauses_table_compares_pause_time_per_thousand_requests() -> None:
                                                                                           ("sum", "0.25")]
 
 
-def test_gc_pauses_counts_stalls_in_the_streams_from_the_loadtest_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_gc_pauses_counts_stalls_in_the_streams_of_a_loadtest_cell() -> None:
     import gc_pauses
 
     ramp = [0.9] * gc_pauses.RAMP_TOKENS  # other requests' prefills: not a stall
     requests = [{"itl_s": ramp + [0.01, 0.48, 0.01, 0.31]}, {"itl_s": ramp + [0.01, 0.02]}, {"itl_s": None}]
-    raw = tmp_path / "cell.json"
-    raw.write_text(json.dumps({"runs": [{"requests": requests}]}))
-    assert gc_pauses.stream_gaps(raw) == {"max_token_gap_ms": 480.0, "token_gaps_over_stall": 2,
-                                          "requests_with_stall": 1}
+    assert gc_pauses.stream_gaps(requests) == {"max_token_gap_ms": 480.0, "token_gaps_over_stall": 2,
+                                               "requests_with_stall": 1}
     rows = gc_pauses.summarize([{"way": "unfrozen", "completed": 3, "gc_full_collections": 1, "gc_pause_ms": 470.0,
                                  "ttft_p99_ms": 80.0, "output_token_throughput": 900.0,
-                                 **gc_pauses.stream_gaps(raw)}])
+                                 **gc_pauses.stream_gaps(requests)}])
     assert gc_pauses.table(rows).splitlines()[-1].endswith("| 480 | 1 |")
 
 
