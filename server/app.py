@@ -124,7 +124,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         else:
             parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
     first_loc = [str(p) for p in errors[0].get("loc", ()) if p != "body"]
-    # Whole-body checks (server.protocol.ApiRequest) name the field they refused in their context.
+    # Whole-body checks (server.protocol.openai.ApiRequest) name the field they refused in their context.
     param = first_loc[0] if first_loc else (errors[0].get("ctx") or {}).get("field")
     return "Invalid request: " + "; ".join(parts), param
 

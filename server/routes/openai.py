@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from server.metrics import GatewayMetrics
-from server.protocol import (
+from server.protocol.openai import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -20,7 +20,7 @@ from server.protocol import (
     ErrorResponse,
     ModelList,
 )
-from server.protocol_responses import ResponseObject, ResponsesRequest
+from server.protocol.responses import ResponseObject, ResponsesRequest
 from server.serving.chat import ChatService
 from server.serving.common import EventStream, RequestStats, new_request_id
 from server.serving.completions import CompletionService

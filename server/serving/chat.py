@@ -8,7 +8,7 @@ from typing import Any
 
 from server.engine import Engine, GenerationOutput, ReasoningParser
 from server.errors import InvalidRequestError
-from server.protocol import (
+from server.protocol.openai import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,

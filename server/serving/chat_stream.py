@@ -5,7 +5,7 @@ has tools, `server.serving.tool_stream`), the calls, and the finish."""
 from __future__ import annotations
 
 from server.engine import ChoiceOutput, ReasoningParser, TokenLogprob
-from server.protocol import (
+from server.protocol.openai import (
     ChatCompletionRequest,
     ChatDelta,
     ChatLogprobContent,

@@ -23,7 +23,7 @@ from server.errors import (
     ModelNotFoundError,
     RequestTimeoutError,
 )
-from server.protocol import Usage
+from server.protocol.openai import Usage
 from server.serving.streams import with_deadlines
 from server.settings import LimitSettings
 

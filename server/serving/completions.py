@@ -14,7 +14,7 @@ from typing import Any
 
 from server.engine import ChoiceOutput, Engine, GenerationOutput, SamplingOptions, TokenLogprob
 from server.errors import InvalidRequestError
-from server.protocol import (
+from server.protocol.openai import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,

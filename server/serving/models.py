@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.holder import EngineHolder
-from server.protocol import ModelCard, ModelList
+from server.protocol.openai import ModelCard, ModelList
 
 
 def list_models(holder: EngineHolder) -> ModelList:

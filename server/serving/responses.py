@@ -17,7 +17,7 @@ from typing import Any
 
 from server.engine import Engine, GenerationOutput, ReasoningParser, SamplingOptions
 from server.errors import NotFoundError, responses_error_event
-from server.protocol_responses import (
+from server.protocol.responses import (
     ContentPartEvent,
     FunctionCallOutput,
     IncompleteDetails,

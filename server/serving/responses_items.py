@@ -16,8 +16,8 @@ from typing import Any
 
 from server.engine import Engine
 from server.errors import InvalidRequestError
-from server.protocol import ChatCompletionRequest, ChatMessage
-from server.protocol_responses import (
+from server.protocol.openai import ChatCompletionRequest, ChatMessage
+from server.protocol.responses import (
     FunctionCallArgumentsDeltaEvent,
     FunctionCallArgumentsDoneEvent,
     FunctionCallItem,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from server.engine import TokenLogprob
-from server.protocol import ToolCall
+from server.protocol.openai import ToolCall
 from server.serving.tools import ToolPlan, read_tool_calls
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from server.engine import Engine, ParsedToolCall, ToolCallParser
 from server.errors import InvalidRequestError
-from server.protocol import ChatCompletionRequest, ChatMessage, ToolCall, ToolCallFunction
+from server.protocol.openai import ChatCompletionRequest, ChatMessage, ToolCall, ToolCallFunction
 
 Mode = Literal["none", "auto", "required", "named"]
 

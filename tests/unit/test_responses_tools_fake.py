@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from server.protocol_responses import ResponsesRequest
+from server.protocol.responses import ResponsesRequest
 from server.serving.responses_items import chat_tool_choice, chat_tools, input_messages
 from tests.unit.test_tools_fake import engine_with, started
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.protocol import (
+from server.protocol.openai import (
     ChatCompletionStreamResponse,
     ChatDelta,
     ChatStreamChoice,

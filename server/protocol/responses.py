@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from server.protocol import ApiRequest
+from server.protocol.openai import ApiRequest
 
 
 class InputText(BaseModel):

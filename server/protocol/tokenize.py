@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from server.protocol import ApiRequest, ChatMessage
+from server.protocol.openai import ApiRequest, ChatMessage
 
 
 class TokenizeRequest(ApiRequest):
