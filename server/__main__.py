@@ -13,16 +13,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from server.settings import (
-    EMBEDDED_MODEL,
-    EMBEDDED_MODEL_DIRNAME,
-    ConfigFileError,
-    Settings,
-    deep_merge,
-    default_profile_path,
-    load_settings,
-    read_profile_file,
-)
+from server.settings import ConfigFileError, Settings, load_settings
+from server.settings.engine import EMBEDDED_MODEL
+from server.settings.schema import EMBEDDED_MODEL_DIRNAME, deep_merge, default_profile_path, read_profile_file
 
 logger = logging.getLogger("llm_gateway")
 
@@ -128,7 +121,7 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     settings = _load(args)
-    from server.profile_checks import profile_warnings
+    from server.settings.checks import profile_warnings
 
     shown = settings.model_dump(mode="json")
     for field in ("api_keys", "admin_keys"):
@@ -160,7 +153,7 @@ def _keys_file_of(args: argparse.Namespace) -> Path:
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
     from server.tenants.cli import LIMIT_OPTIONS, add_key
-    from server.tenants.keys import KeysFileError
+    from server.settings.keys_file import KeysFileError
 
     path = _keys_file_of(args)
     limits = {name: getattr(args, name) for name in LIMIT_OPTIONS}

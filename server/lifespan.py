@@ -31,7 +31,7 @@ from server.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.http_protocol import uvicorn_http_options
 from server.process_group import isolate_engine_processes
-from server.profile_checks import profile_warnings
+from server.settings.checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
 from server.weights import ModelFiles

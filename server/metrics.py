@@ -183,7 +183,7 @@ class GatewayMetrics:
             self.rejections.labels(reason=reason).inc()
 
     def add_tenants(self, tenants: Iterable[Any]) -> None:
-        """Label sets for every tenant (server.tenants.keys.Tenant), so panels show zeros, not gaps."""
+        """Label sets for every tenant (server.settings.keys_file.Tenant), so panels show zeros, not gaps."""
         for tenant in tenants:
             for kind in ("prompt", "completion"):
                 self.tenant_tokens.labels(tenant=tenant.name, kind=kind)

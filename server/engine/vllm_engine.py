@@ -36,7 +36,7 @@ from server.errors import (
     InvalidRequestError,
     ServiceUnavailableError,
 )
-from server.profile_checks import check_parallelism
+from server.settings.checks import check_parallelism
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.engine")

@@ -1,7 +1,6 @@
-"""Tenants: the keys file (who a key belongs to and its limits), the rate limiter (in memory or
-in Redis, behind one Protocol) and the usage store (SQLite).
+"""Tenants: the key directory (who a presented key belongs to; the keys file itself is read by
+`server.settings.keys_file`), the rate limiter (in memory or in Redis, behind one Protocol), the
+usage store (SQLite), the wording of refusals, and the `keys` / `usage` sub-commands.
 
-Only `server.middleware` authenticates and asks the limiter; `server.serving` never sees a
-tenant. Kept import-free so that `server.settings` can validate a keys file through
-`server.tenants.keys` without pulling in the rest.
+Only the middleware authenticates and asks the limiter; `server.serving` never sees a tenant.
 """

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from server.tenants.keys import KeysFile, KeysFileError, hashed, load_keys_file
+from server.settings.keys_file import KeysFile, KeysFileError, hashed, load_keys_file
 from server.tenants.usage import COUNTS, read_rows, totals
 
 LIMIT_OPTIONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "budget_tokens", "budget_period",

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Protocol
 
-from server.tenants.keys import Tenant
+from server.settings.keys_file import Tenant
 
 # Why a request was refused (Decision.reason).
 REQUESTS = "requests"

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from server.tenants.keys import Tenant
+from server.settings.keys_file import Tenant
 from server.tenants.limiter import (
     BUDGET,
     CONCURRENCY,

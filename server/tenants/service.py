@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from server.settings import AuthSettings, Settings
-from server.tenants.keys import KeyDirectory, Tenant, load_directory
+from server.settings.keys_file import Tenant
+from server.tenants.directory import KeyDirectory, load_directory
 from server.tenants.limiter import Decision, MemoryRateLimiter, RateLimiter, period_of
 from server.tenants.redis_limiter import RedisRateLimiter
 from server.tenants.usage import UsageRow, UsageStore, totals

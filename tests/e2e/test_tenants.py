@@ -27,7 +27,7 @@ import openai
 import pytest
 import yaml
 
-from server.tenants.keys import hashed
+from server.settings.keys_file import hashed
 from tests.conftest import SERVED_NAME, ServerProcess, start_gateway, wait_ready
 from tests.e2e.test_observability import (
     DASHBOARD,

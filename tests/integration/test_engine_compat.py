@@ -13,7 +13,8 @@ import pytest
 
 from server.engine import SamplingOptions, VllmEngine, compat, engine_args_kwargs
 from server.errors import InvalidRequestError
-from server.settings import PROFILES_DIR, load_settings
+from server.settings import load_settings
+from server.settings.schema import PROFILES_DIR
 
 vllm = pytest.importorskip("vllm")
 

@@ -22,7 +22,7 @@ from server.metrics import (
     exposition,
 )
 from server.settings import EngineProfile, Settings
-from server.tenants.keys import Tenant, TenantLimits
+from server.settings.keys_file import Tenant, TenantLimits
 from tests.fakes import FakeEngine
 
 

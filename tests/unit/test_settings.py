@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from server.settings import (
-    DEFAULT_PROFILES,
-    PROFILES_DIR,
-    ConfigFileError,
-    EngineProfile,
-    Settings,
-    detect_device,
-    load_settings,
-)
+from server.settings import ConfigFileError, EngineProfile, Settings, load_settings
+from server.settings.engine import detect_device
+from server.settings.schema import DEFAULT_PROFILES, PROFILES_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,7 +112,7 @@ def test_cpu_profile_needs_kv_cache_bytes() -> None:
 
 
 def test_fast_prefill_without_shared_layers_warns(tmp_path: Path) -> None:
-    from server.profile_checks import profile_warnings
+    from server.settings.checks import profile_warnings
 
     model = tmp_path / "m"
     model.mkdir()
@@ -139,7 +133,7 @@ def test_every_field_is_documented() -> None:
     import inspect
 
     import server.settings as mod
-    import server.settings_engine as engine_mod
+    import server.settings.engine as engine_mod
 
     tree = ast.parse(inspect.getsource(mod) + "\n" + inspect.getsource(engine_mod))
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
@@ -155,7 +149,7 @@ def test_every_field_is_documented() -> None:
 
 
 def test_parallelism_is_checked_against_visible_gpus(tmp_path: Path) -> None:
-    from server.profile_checks import check_parallelism, visible_gpus
+    from server.settings.checks import check_parallelism, visible_gpus
 
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0

@@ -21,7 +21,8 @@ from server.app import build_app
 from server.errors import InvalidRequestError
 from server.holder import EngineHolder
 from server.lifespan import Gateway
-from server.settings import EngineProfile, Settings, deep_merge
+from server.settings import EngineProfile, Settings
+from server.settings.schema import deep_merge
 from server.tenants.limiter import period_of, seconds_to_next_period
 from server.tenants.service import Tenancy
 from tests.fakes import FakeEngine

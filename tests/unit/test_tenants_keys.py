@@ -15,7 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from server.settings import EngineProfile, Settings, load_settings
-from server.tenants.keys import UNNAMED, KeysFileError, load_directory, load_keys_file
+from server.settings.keys_file import UNNAMED, KeysFileError, load_keys_file
+from server.tenants.directory import load_directory
 from server.tenants.reservation import reserved_tokens
 from server.tenants.usage import SCHEMA, UPSERT, open_usage_db
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from server.tenants.keys import Tenant, TenantLimits
+from server.settings.keys_file import Tenant, TenantLimits
 from server.tenants.limiter import (
     BUDGET,
     CONCURRENCY,

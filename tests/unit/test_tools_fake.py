@@ -140,7 +140,8 @@ async def test_tool_choice_none_keeps_text_and_no_tools_renders_none() -> None:
 def test_profile_chat_template_must_exist_and_the_shipped_one_does() -> None:
     from pydantic import ValidationError
 
-    from server.settings import TEMPLATES_DIR, load_settings
+    from server.settings import load_settings
+    from server.settings.engine import TEMPLATES_DIR
 
     with pytest.raises(ValidationError, match="engine.chat_template: no file"):
         EngineProfile(device="cpu", kv_cache_memory_bytes=1, chat_template="missing.jinja")

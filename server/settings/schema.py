@@ -15,17 +15,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-# The engine section lives in its own module; these names stay importable from here.
-from server.settings_engine import (  # noqa: F401
-    EMBEDDED_MODEL,
-    TEMPLATES_DIR,
-    EngineProfile,
-    detect_device,
-)
+from server.settings.engine import EMBEDDED_MODEL, EngineProfile, detect_device
+from server.settings.keys_file import check_overlaps, load_keys_file
 
 EMBEDDED_MODEL_DIRNAME = "smollm2-135m-instruct"
 
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 """The shipped profiles (links to configs/*.yaml, packaged with the gateway)."""
 
 DEFAULT_PROFILES = {"cpu": "embedded-cpu.yaml", "gpu": "gemma4-e2b-h200.yaml"}
@@ -282,10 +277,8 @@ class Settings(BaseSettings):
                 raise ValueError("auth.redis_url shares tenant limits, but no auth.keys_file names any "
                                  "tenant: set auth.keys_file, or drop auth.redis_url")
             return self
-        from server.tenants.keys import load_directory
-
         try:
-            load_directory(auth.keys_file, auth.resolved_api_keys(), auth.resolved_admin_keys())
+            check_overlaps(load_keys_file(auth.keys_file), auth.resolved_api_keys(), auth.resolved_admin_keys())
         except (ValueError, OSError) as exc:  # OSError: auth.api_key_file cannot be read
             raise ValueError(f"auth.keys_file: {exc}") from None
         return self

@@ -1,7 +1,7 @@
 """The `engine` section of the settings (`EngineProfile`): what vLLM's engine is built from.
 
-Part of the one settings model in `server.settings`, which imports it back (a separate module
-only to keep each file readable); import these names from `server.settings`.
+A section of the one settings model (`server.settings.schema.Settings.engine`), in a module of
+its own because it is the largest and the one engine profiles are about.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 EMBEDDED_MODEL = "embedded"
 """The `engine.model` value that means the SmolLM2 model prepared under the state directory."""
 
-TEMPLATES_DIR = Path(__file__).parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 """Where a bare `engine.chat_template` file name is looked up."""
 
 # EAGLE-family drafters read hidden states of every layer; vLLM refuses them with fast prefill.

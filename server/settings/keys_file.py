@@ -1,5 +1,6 @@
-"""The keys file: named keys (tenants), their limits, budgets and allowed models, and the
-directory a presented key is looked up in.
+"""The keys file (`auth.keys_file`): named keys (tenants), their limits, budgets and allowed
+models. Configuration, like the profile: read and checked here, before any engine loads; the
+directory a presented key is looked up in is built from it in `server.tenants.directory`.
 
 ```yaml
 keys:
@@ -199,48 +200,3 @@ def check_overlaps(keys_file: KeysFile, api_keys: list[str], admin_keys: list[st
         for entry in keys_file.keys:
             if any(key_digest(k) in digests for k in entry.keys):
                 raise KeysFileError(f"the key of {entry.name!r} is also {what}; use separate keys")
-
-
-def load_directory(path: Path | None, api_keys: list[str], admin_keys: list[str]) -> KeyDirectory:
-    """The directory of a keys file (None: the inline keys only), with every cross-check."""
-    keys_file = load_keys_file(path) if path is not None else None
-    if keys_file is not None:
-        check_overlaps(keys_file, api_keys, admin_keys)
-    return KeyDirectory.build(keys_file, api_keys)
-
-
-class KeyDirectory:
-    """Which tenant a presented API key belongs to.
-
-    Lookup is by the SHA-256 digest of the presented key: the dictionary lookup's timing can
-    depend on the digest, never on how much of a real key an attacker has guessed.
-    """
-
-    def __init__(self, tenants: dict[str, Tenant], by_digest: dict[bytes, Tenant],
-                 plain_key_names: list[str] | None = None) -> None:
-        self.tenants = tenants
-        self._by_digest = by_digest
-        self.plain_key_names = plain_key_names or []
-
-    @property
-    def unnamed(self) -> Tenant:
-        return self.tenants[UNNAMED]
-
-    @property
-    def open(self) -> bool:
-        """No key is configured at all: the API is open and every request is tenant `unnamed`."""
-        return not self._by_digest
-
-    def lookup(self, token: bytes) -> Tenant | None:
-        return self._by_digest.get(hashlib.sha256(token).digest())
-
-    @classmethod
-    def build(cls, keys_file: KeysFile | None, api_keys: list[str]) -> KeyDirectory:
-        unnamed = Tenant(UNNAMED, TenantLimits())
-        tenants = {UNNAMED: unnamed}
-        by_digest = {key_digest(k): unnamed for k in api_keys}
-        for entry in keys_file.keys if keys_file else []:
-            tenant = tenants[entry.name] = Tenant(entry.name, entry.limits())
-            for key in entry.keys:
-                by_digest[key_digest(key)] = tenant
-        return cls(tenants, by_digest, keys_file.plain_key_names() if keys_file else [])
