@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import __version__
 from server.errors import GatewayError, error_body
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
 from server.middleware import AuthMiddleware, BodyLimitMiddleware, TenantLimitMiddleware
 from server.routes import openai as openai_routes

@@ -28,14 +28,14 @@ from server.app import build_app
 from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from server.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
-from server.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
+from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.http_protocol import uvicorn_http_options
 from server.process_group import isolate_engine_processes
 from server.settings.checks import profile_warnings
 from server.notify import Notifier
 from server.settings import Settings
-from server.weights import ModelFiles
-from server.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
+from server.lifecycle.weights import ModelFiles
+from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
 
 logger = logging.getLogger("llm_gateway")
 

@@ -162,7 +162,7 @@ class GatewayMetrics:
             self.engine_state.labels(state=s).set(1 if s == state else 0)
 
     def observe_reload(self, result: Any) -> None:
-        """Record a finished reload (a server.holder.ReloadResult)."""
+        """Record a finished reload (a server.lifecycle.holder.ReloadResult)."""
         self.reloads.labels(outcome=result.outcome).inc()
         self.reload_duration.observe(result.duration_s)
         self.reload_queued.inc(result.queued)

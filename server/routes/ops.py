@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from server.errors import error_body
 from fastapi.responses import JSONResponse, Response
 
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.metrics import exposition
 
 router = APIRouter()

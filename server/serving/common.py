@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.errors import (
     GatewayError,
     InternalError,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.protocol.openai import ModelCard, ModelList
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from server.engine import Engine
 from server.errors import InvalidRequestError
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from server.serving.chat import chat_message_dicts, chat_prompt_ids
 from server.serving.common import check_model, check_token_ids, prompt_chars, serve_on_lease

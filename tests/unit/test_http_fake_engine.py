@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.app import build_app
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.settings import EngineProfile, Settings
 from tests.fakes import FakeEngine
 

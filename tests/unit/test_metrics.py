@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import build_app
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.metrics import (
     DURATION_BUCKETS,
     ENGINE_STATES,

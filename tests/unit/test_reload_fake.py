@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from server.errors import ConflictError, ServiceUnavailableError
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.settings import EngineProfile, ReloadSettings, Settings
 from tests.fakes import FakeEngine
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.errors import InvalidRequestError
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.settings import EngineProfile, ReloadSettings, Settings
 from tests.fakes import FakeEngine
 from tests.unit.test_reload_fake import use

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.holder import EngineState
+from server.lifecycle.holder import EngineState
 from tests.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 from tests.unit.test_metrics import get, snapshot

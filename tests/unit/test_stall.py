@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from server.errors import ServiceUnavailableError
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, HealthSettings, Settings
-from server.stall import StallWatch
+from server.lifecycle.stall import StallWatch
 from tests.fakes import FakeEngine
 
 

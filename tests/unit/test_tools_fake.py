@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.app import build_app
-from server.holder import EngineHolder
+from server.lifecycle.holder import EngineHolder
 from server.settings import EngineProfile, Settings
 from tests.fakes import FakeEngine
 

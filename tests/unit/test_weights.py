@@ -1,4 +1,4 @@
-"""server.weights: what an in-place reload may swap, read from config.json and safetensors headers."""
+"""server.lifecycle.weights: what an in-place reload may swap, read from config.json and safetensors headers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from server.settings import EngineProfile, ReloadSettings, Settings
-from server.weights import (
+from server.lifecycle.weights import (
     WeightsError,
     in_place_refusal,
     model_difference,

@@ -10,9 +10,9 @@ Reload strategies:
   to the new engine. Overflow or a too-long wait gets 503 + Retry-After.
 - `blue-green`: the new engine starts beside the old one, which keeps serving; once it is ready
   new requests switch to it, and the old one drains and stops. No request waits on a start-up.
-- `in-place`: only the weights change (`server.weights` says what that means, checked before
+- `in-place`: only the weights change (`server.lifecycle.weights` says what that means, checked before
   anything pauses). New requests wait in the reload queue while the running engine pauses, loads
-  the new safetensors and resumes (`server.in_place`); in-flight requests are kept
+  the new safetensors and resumes (`server.lifecycle.in_place`); in-flight requests are kept
   (`in_place_mode: keep`) or finish first on the old weights (`finish-old`).
 If the new engine fails to start, the previous configuration is restored (drain-swap starts the
 old profile again; blue-green never stopped it; in-place loads the previous weights again).
@@ -34,10 +34,10 @@ from server.errors import (
     OverloadedError,
     ServiceUnavailableError,
 )
-from server.in_place import RollbackFailed, prefetch, swap_weights
+from server.lifecycle.in_place import RollbackFailed, prefetch, swap_weights
 from server.settings import ReloadSettings, Settings
-from server.slot import EngineState, ReloadResult, Slot, wait_set
-from server.weights import ModelFiles, in_place_refusal, local_model_files
+from server.lifecycle.slot import EngineState, ReloadResult, Slot, wait_set
+from server.lifecycle.weights import ModelFiles, in_place_refusal, local_model_files
 
 logger = logging.getLogger("llm_gateway.holder")
 

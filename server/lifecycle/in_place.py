@@ -1,7 +1,7 @@
 """The in-place weight swap: pause the engine, load new weights, resume; never leave it paused.
 
 The holder decides when (its reload queue, `reload.in_place_mode`) and checks first what may be
-swapped (`server.weights`); this module runs the engine side and its rollback:
+swapped (`server.lifecycle.weights`); this module runs the engine side and its rollback:
 - the new weights load: resume, `success`;
 - they fail part-way (the model may hold a mix of both versions): load the previous weights
   again, resume, `rolled_back`;

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 
 from server.engine import EngineProgress
-from server.holder import EngineHolder, EngineState
+from server.lifecycle.holder import EngineHolder, EngineState
 from server.metrics import GatewayMetrics
 from server.settings import Settings
 
