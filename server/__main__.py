@@ -89,7 +89,7 @@ def _setup_logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _load(args)
     _setup_logging(settings.server.log_level)
-    from server.lifespan import run
+    from server.runner.gateway import run
 
     cli = _overrides(args)
 
@@ -152,8 +152,8 @@ def _keys_file_of(args: argparse.Namespace) -> Path:
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
-    from server.tenants.cli import LIMIT_OPTIONS, add_key
     from server.settings.keys_file import KeysFileError
+    from server.tenants.cli import LIMIT_OPTIONS, add_key
 
     path = _keys_file_of(args)
     limits = {name: getattr(args, name) for name in LIMIT_OPTIONS}

@@ -136,7 +136,7 @@ def build_app(
     registry: CollectorRegistry | None = None,
 ) -> FastAPI:
     """The gateway application. The caller owns the engine's lifecycle and the tenants' background
-    work (`app.state.tenancy.start()` / `stop()`; see `server.lifespan`)."""
+    work (`app.state.tenancy.start()` / `stop()`; see `server.runner.gateway`)."""
     app = FastAPI(
         title="llm-gateway",
         version=__version__,
@@ -153,7 +153,7 @@ def build_app(
     metrics.set_engine_state(holder.state.value)
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
     holder.add_reload_listener(metrics.observe_reload)
-    app.state.reloader = None  # set by server.lifespan.Gateway, which knows how to load settings
+    app.state.reloader = None  # set by server.runner.gateway.Gateway, which knows how to load settings
     tenancy = Tenancy(settings)
     app.state.tenancy = tenancy
     tenancy.add_directory_listener(lambda directory: metrics.add_tenants(directory.tenants.values()))

@@ -30,7 +30,15 @@ from server.errors import (
 )
 from server.metrics import GatewayMetrics
 from server.settings.keys_file import Tenant
-from server.tenants.limiter import BUDGET, CONCURRENCY, REQUESTS, Bucket, Decision, period_of, seconds_to_next_period
+from server.tenants.limiter import (
+    BUDGET,
+    CONCURRENCY,
+    REQUESTS,
+    Bucket,
+    Decision,
+    period_of,
+    seconds_to_next_period,
+)
 from server.tenants.reservation import reserved_tokens
 from server.tenants.service import Tenancy
 

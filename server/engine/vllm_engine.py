@@ -36,8 +36,8 @@ from server.errors import (
     InvalidRequestError,
     ServiceUnavailableError,
 )
-from server.settings.checks import check_parallelism
 from server.settings import Settings
+from server.settings.checks import check_parallelism
 
 logger = logging.getLogger("llm_gateway.engine")
 

@@ -35,9 +35,9 @@ from server.errors import (
     ServiceUnavailableError,
 )
 from server.lifecycle.in_place import RollbackFailed, prefetch, swap_weights
-from server.settings import ReloadSettings, Settings
 from server.lifecycle.slot import EngineState, ReloadResult, Slot, wait_set
 from server.lifecycle.weights import ModelFiles, in_place_refusal, local_model_files
+from server.settings import ReloadSettings, Settings
 
 logger = logging.getLogger("llm_gateway.holder")
 

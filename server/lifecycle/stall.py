@@ -11,7 +11,7 @@ answer 200 while requests waited for their timeouts. The watch reads the engine 
 On a stall: one ERROR line naming how long and how many requests, `gateway_engine_stalls_total`,
 state `stalled` (/health, /ready and new requests answer 503), and the pending requests are aborted
 (503, or a final SSE error event). `health.on_stall` then decides: `exit` (the gateway stops the
-engine and exits with `STALL_EXIT_CODE`; see server.lifespan) or `report` (the process stays for
+engine and exits with `STALL_EXIT_CODE`; see server.runner.gateway) or `report` (the process stays for
 debugging, and serves again once the engine produces output).
 """
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from server.errors import error_body
-from fastapi.responses import JSONResponse, Response
-
 from server.lifecycle.holder import EngineHolder, EngineState
 from server.metrics import exposition
 

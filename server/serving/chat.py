@@ -18,6 +18,8 @@ from server.protocol.openai import (
     ChatResponseMessage,
     ChatStreamChoice,
 )
+from server.serving.chat_stream import ChatChoiceStream, chat_logprobs
+from server.serving.chunks import ChatContentChunks
 from server.serving.common import (
     DONE_EVENT,
     EventStream,
@@ -34,8 +36,6 @@ from server.serving.common import (
     sse,
     sse_error,
 )
-from server.serving.chat_stream import ChatChoiceStream, chat_logprobs
-from server.serving.chunks import ChatContentChunks
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
 
 

@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -15,7 +15,6 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel
 
 from server.engine import Engine, GenerationOutput, SamplingOptions
-from server.lifecycle.holder import EngineHolder
 from server.errors import (
     GatewayError,
     InternalError,
@@ -23,6 +22,7 @@ from server.errors import (
     ModelNotFoundError,
     RequestTimeoutError,
 )
+from server.lifecycle.holder import EngineHolder
 from server.protocol.openai import Usage
 from server.serving.streams import with_deadlines
 from server.settings import LimitSettings

@@ -21,6 +21,7 @@ from server.protocol.openai import (
     CompletionResponse,
     CompletionStreamResponse,
 )
+from server.serving.chunks import CompletionTextChunks
 from server.serving.common import (
     DONE_EVENT,
     EventStream,
@@ -38,7 +39,6 @@ from server.serving.common import (
     sse,
     sse_error,
 )
-from server.serving.chunks import CompletionTextChunks
 from server.serving.streams import merge_streams
 
 logger = logging.getLogger("llm_gateway.completions")

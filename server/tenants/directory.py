@@ -6,7 +6,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from server.settings.keys_file import UNNAMED, KeysFile, Tenant, TenantLimits, check_overlaps, key_digest, load_keys_file
+from server.settings.keys_file import (
+    UNNAMED,
+    KeysFile,
+    Tenant,
+    TenantLimits,
+    check_overlaps,
+    key_digest,
+    load_keys_file,
+)
 
 
 def load_directory(path: Path | None, api_keys: list[str], admin_keys: list[str]) -> KeyDirectory:

@@ -1,5 +1,5 @@
 """`Tenancy`: one gateway's keys directory, rate limiter and usage store, and their background work
-(writing usage). The middleware is its only caller on the request path; the lifespan starts,
+(writing usage). The middleware is its only caller on the request path; the runner (`server.runner.gateway`) starts,
 reloads and stops it.
 """
 

@@ -21,8 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from server.model_prep import write_second_version
 from server.lifecycle.weights import read_model_files
+from server.model_prep import write_second_version
 from tests.conftest import CONFIG, STATE_DIR, ServerProcess, start_gateway, start_gateway_with_own_config
 from tests.integration.test_reload import LOAD_CLIENTS, Load, metric, status
 

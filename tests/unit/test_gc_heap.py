@@ -1,11 +1,11 @@
-"""server/gc_heap.py: the frozen startup heap and the timing of full collections."""
+"""server/runner/gc_heap.py: the frozen startup heap and the timing of full collections."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from server.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
+from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 
 
 class Node:

@@ -1,4 +1,4 @@
-"""server/process_group.py: only the gateway's engine processes take a new process group."""
+"""server/runner/process_group.py: only the gateway's engine processes take a new process group."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from server import process_group
-from server.process_group import GATEWAY_PID_ENV, lead_own_group_if_engine_process
+from server.runner import process_group
+from server.runner.process_group import GATEWAY_PID_ENV, lead_own_group_if_engine_process
 
 
 def _child_pgid_after_hook(env_value: str | None) -> tuple[int, int]:

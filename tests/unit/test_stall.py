@@ -9,9 +9,9 @@ import pytest
 
 from server.errors import ServiceUnavailableError
 from server.lifecycle.holder import EngineHolder, EngineState
+from server.lifecycle.stall import StallWatch
 from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, HealthSettings, Settings
-from server.lifecycle.stall import StallWatch
 from tests.fakes import FakeEngine
 
 

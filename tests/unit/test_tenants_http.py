@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from server.app import build_app
 from server.errors import InvalidRequestError
 from server.lifecycle.holder import EngineHolder
-from server.lifespan import Gateway
+from server.runner.gateway import Gateway
 from server.settings import EngineProfile, Settings
 from server.settings.schema import deep_merge
 from server.tenants.limiter import period_of, seconds_to_next_period

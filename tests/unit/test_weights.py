@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from server.settings import EngineProfile, ReloadSettings, Settings
 from server.lifecycle.weights import (
     WeightsError,
     in_place_refusal,
@@ -16,6 +15,7 @@ from server.lifecycle.weights import (
     profile_difference,
     read_model_files,
 )
+from server.settings import EngineProfile, ReloadSettings, Settings
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4,
           "num_hidden_layers": 1, "vocab_size": 8, "transformers_version": "5.0"}

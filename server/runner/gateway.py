@@ -1,4 +1,4 @@
-"""Run the gateway: uvicorn, the engine start, signals and the ordered shutdown.
+"""`Gateway`: runs the service: uvicorn, the engine start, signals, reloads and the ordered shutdown.
 
 Order on SIGTERM/SIGINT: stop admitting (new requests 503, /ready 503), let in-flight requests
 finish within `server.drain_timeout_s`, stop the HTTP server, stop the engine, exit 0. A second
@@ -20,22 +20,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import uvicorn
 from pydantic import ValidationError
 
 from server.app import build_app
 from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
-from server.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
-from server.http_protocol import uvicorn_http_options
-from server.process_group import isolate_engine_processes
-from server.settings.checks import profile_warnings
-from server.notify import Notifier
-from server.settings import Settings
-from server.lifecycle.weights import ModelFiles
 from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
+from server.lifecycle.weights import ModelFiles
+from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
+from server.runner.http_options import uvicorn_http_options
+from server.runner.notify import Notifier
+from server.runner.process_group import isolate_engine_processes
+from server.runner.processes import become_subreaper, terminate_children, wait_for_engine_processes
+from server.settings import Settings
+from server.settings.checks import profile_warnings
 
 logger = logging.getLogger("llm_gateway")
 
@@ -309,63 +309,6 @@ class Gateway:
             self.gc_pauses.remove()
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code
-
-
-def engine_processes() -> list[psutil.Process]:
-    """Descendant processes except multiprocessing's resource tracker, which exits only after
-    this process does (it then unlinks shared memory that engine processes leaked)."""
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    processes = []
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline()):
-                processes.append(child)
-    return processes
-
-
-def become_subreaper() -> None:
-    """Adopt orphaned descendants (Linux `PR_SET_CHILD_SUBREAPER`).
-
-    When a signal reaches vLLM's engine core itself (Ctrl-C signals the whole process group),
-    the core can exit before its workers, which would then be re-parented to init and outlive
-    the gateway. As a subreaper the gateway keeps them as descendants, waits for them and reaps
-    them before it exits.
-    """
-    import ctypes
-
-    pr_set_child_subreaper = 36
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: orphans go to init as before
-        logger.debug("cannot become a child subreaper", exc_info=True)
-
-
-def wait_for_engine_processes(wait_s: float) -> None:
-    """Give engine processes `wait_s` to exit on their own, then terminate what is left."""
-    _, alive = psutil.wait_procs(engine_processes(), timeout=wait_s)
-    if alive:
-        logger.warning("%d engine process(es) still running %.0f s after the engine stopped: terminating",
-                       len(alive), wait_s)
-        end_processes(alive, grace_s=5.0)
-
-
-def terminate_children(grace_s: float) -> None:
-    """SIGTERM every engine process, SIGKILL those still alive after `grace_s`."""
-    end_processes(engine_processes(), grace_s)
-
-
-def end_processes(processes: list[psutil.Process], grace_s: float) -> None:
-    """SIGTERM `processes`, SIGKILL those still alive after `grace_s` (at once when 0)."""
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.terminate() if grace_s > 0 else process.kill()
-    _, alive = psutil.wait_procs(processes, timeout=grace_s) if grace_s > 0 else ([], processes)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
 
 
 def is_loopback(host: str) -> bool:
