@@ -1,26 +1,28 @@
-"""`build_app(settings, holder)`: the FastAPI application, its middleware and error handlers."""
+"""`build_app(...)`: the FastAPI application from the parts it serves with: its routes, middleware
+and error handlers. Its owner (`server.runner.gateway`, or a test) makes the parts and runs their
+lifecycles."""
 
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server import __version__
 from server.errors import GatewayError, error_body
 from server.lifecycle.holder import EngineHolder
-from server.metrics import UNMEASURED_ROUTES, GatewayMetrics
-from server.middleware import AuthMiddleware, BodyLimitMiddleware, TenantLimitMiddleware
+from server.metrics import GatewayMetrics
+from server.middleware.access import AccessMiddleware
+from server.middleware.auth import AuthMiddleware
+from server.middleware.body_limit import BodyLimitMiddleware
+from server.middleware.tenant_limits import TenantLimitMiddleware
 from server.routes import openai as openai_routes
 from server.routes import ops as ops_routes
 from server.routes import tokenize as tokenize_routes
+from server.routes.ops import Reloader
 from server.serving.chat import ChatService
 from server.serving.completions import CompletionService
 from server.serving.responses import ResponsesService
@@ -28,85 +30,6 @@ from server.settings import Settings
 from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.access")
-
-MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models",
-                             "/tokenize", "/detokenize"})
-
-
-class MetricsMiddleware:
-    """Counts, times and logs every request (pure ASGI, so streaming is not buffered)."""
-
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-        scope.setdefault("state", {})["started"] = started
-        path = scope["path"]
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
-        scope["state"]["request_id"] = request_id
-        measured = path not in UNMEASURED_ROUTES
-        route = path if path in MEASURED_ROUTES else "other"
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                scope["state"]["status"] = status  # for inner middleware that count once the app is done
-                # Inner middleware leave theirs in the state (the tenant's x-ratelimit-*), which
-                # spares every streamed chunk a send wrapper of their own.
-                message["headers"] = [*message.get("headers", ()), *scope["state"].get("response_headers", ()),
-                                      (b"x-request-id", request_id.encode("latin-1", "replace"))]
-            await send(message)
-
-        if measured:
-            self.metrics.in_flight.labels(route=route).inc()
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            duration = time.monotonic() - started
-            if measured:
-                self.metrics.in_flight.labels(route=route).dec()
-                self.metrics.requests.labels(route=route, status=str(status)).inc()
-                self.metrics.request_duration.labels(route=route).observe(duration)
-                if route != "other" and 400 <= status < 600 and status != 499:
-                    # Unknown paths (scanners, typos) are not rejected traffic.
-                    self.metrics.observe_rejection(status, scope["state"].get("rejection_reason"))
-                logger.info(access_line(scope, request_id, path, status, duration, started))
-
-
-def access_line(scope: Scope, request_id: str, path: str, status: int, duration: float, started: float) -> str:
-    """One structured line per request; never the prompt or the output."""
-    parts = [f"request_id={request_id}", f"method={scope.get('method')}", f"route={path}", f"status={status}"]
-    state = scope.get("state", {})
-    if (tenant := state.get("tenant")) is not None:
-        parts.append(f"tenant={tenant.name}")
-    stats = state.get("stats")
-    if stats is not None:
-        parts.append(f"completion_id={state.get('completion_id')}")
-        parts.append(f"prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}")
-        if stats.first_token_at is not None:
-            parts.append(f"ttft_ms={(stats.first_token_at - started) * 1000:.1f}")
-        parts.append(f"finish={','.join(sorted(set(stats.finish_reasons))) or '-'}")
-        parts.append(f"completed={str(stats.completed).lower()}")
-        holder = getattr(getattr(scope.get("app"), "state", None), "holder", None)
-        if holder is not None and holder.weights is not None:  # which version answered (in-place reloads)
-            parts.append(f"weights={holder.weights.fingerprint}")
-    parts.append(f"duration_ms={duration * 1000:.1f}")
-    return " ".join(parts)
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            text = value.decode("latin-1")[:128]
-            return text if text.isprintable() else None
-    return None
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -132,36 +55,32 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def build_app(
     settings: Settings,
     holder: EngineHolder,
+    metrics: GatewayMetrics,
+    tenancy: Tenancy,
     *,
-    registry: CollectorRegistry | None = None,
+    reloader: Reloader | None = None,
 ) -> FastAPI:
-    """The gateway application. The caller owns the engine's lifecycle and the tenants' background
-    work (`app.state.tenancy.start()` / `stop()`; see `server.runner.gateway`)."""
+    """The gateway application over `holder`'s engine. The caller starts and stops the engine
+    and the tenants' background work (`tenancy.start()` / `stop()`); `reloader` serves
+    POST /admin/reload (None: 503)."""
     app = FastAPI(
         title="llm-gateway",
         version=__version__,
         description="OpenAI-compatible API over vLLM's in-process engine.",
     )
-    metrics = GatewayMetrics(registry)
-    app.state.settings = settings
-    app.state.holder = holder
-    app.state.metrics = metrics
     fingerprint = f"llm-gateway-{__version__}"
-    app.state.completions = CompletionService(holder, fingerprint=fingerprint)
-    app.state.chat = ChatService(holder, fingerprint=fingerprint)
-    app.state.responses = ResponsesService(holder, fingerprint=fingerprint)
     metrics.set_engine_state(holder.state.value)
     holder.add_state_listener(lambda state: metrics.set_engine_state(state.value))
     holder.add_reload_listener(metrics.observe_reload)
-    app.state.reloader = None  # set by server.runner.gateway.Gateway, which knows how to load settings
-    tenancy = Tenancy(settings)
-    app.state.tenancy = tenancy
     tenancy.add_directory_listener(lambda directory: metrics.add_tenants(directory.tenants.values()))
     tenancy.add_keys_reload_listener(lambda outcome: metrics.keys_reloads.labels(outcome=outcome).inc())
 
     def context_length() -> int | None:
         engine = holder.engine
         return engine.info.max_model_len if engine is not None else holder.settings.engine.max_model_len
+
+    def weights() -> str | None:
+        return holder.weights.fingerprint if holder.weights is not None else None
 
     @app.exception_handler(GatewayError)
     async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -184,10 +103,16 @@ def build_app(
         logger.exception("unhandled error on %s", request.url.path)
         return JSONResponse(error_body("Internal server error.", 500), status_code=500)
 
-    app.include_router(openai_routes.router)
-    app.include_router(tokenize_routes.router)
-    app.include_router(ops_routes.router)
-    # Starlette wraps in reverse order: metrics sees everything, auth runs before the body is read,
+    app.include_router(openai_routes.build_router(
+        completions=CompletionService(holder, fingerprint=fingerprint),
+        chat=ChatService(holder, fingerprint=fingerprint),
+        responses=ResponsesService(holder, fingerprint=fingerprint),
+        holder=holder,
+        metrics=metrics,
+    ))
+    app.include_router(tokenize_routes.build_router(holder))
+    app.include_router(ops_routes.build_router(holder, metrics, tenancy, reloader))
+    # Starlette wraps in reverse order: access sees everything, auth runs before the body is read,
     # and the tenant limiter reads a body already capped.
     app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics, context_length=context_length,
                        served_model=lambda: holder.settings.served_model_name)
@@ -198,5 +123,5 @@ def build_app(
         admin_keys=settings.auth.resolved_admin_keys(),
         open_paths=settings.auth.open_paths,
     )
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(AccessMiddleware, metrics=metrics, weights=weights)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server.lifecycle.holder import EngineHolder
 from server.metrics import GatewayMetrics
 from server.protocol.openai import (
     ChatCompletionRequest,
@@ -21,15 +23,14 @@ from server.protocol.openai import (
     ModelList,
 )
 from server.protocol.responses import ResponseObject, ResponsesRequest
+from server.request_state import RequestStats, request_state
 from server.serving.chat import ChatService
-from server.serving.common import EventStream, RequestStats, new_request_id
 from server.serving.completions import CompletionService
 from server.serving.models import list_models
 from server.serving.responses import ResponsesService
+from server.serving.sse import EventStream
 
 T = TypeVar("T")
-
-router = APIRouter()
 
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -135,16 +136,13 @@ def _observe_tokens(
 
 
 async def _serve(
-    request: Request, route: str, create: Callable[[str, RequestStats], Awaitable[Any]], id_prefix: str,
-    id_separator: str = "-",
+    request: Request, metrics: GatewayMetrics, route: str, create: Callable[[str, RequestStats], Awaitable[Any]],
+    id_prefix: str, id_separator: str = "-",
 ) -> Response:
     """Shared by the generation routes: run, cancel on disconnect, observe, respond."""
-    metrics: GatewayMetrics = request.app.state.metrics
-    started = request.state.started
-    stats = RequestStats()
-    request_id = new_request_id(id_prefix, id_separator)
-    request.state.stats = stats  # read by the access log line once the response is done
-    request.state.completion_id = request_id
+    state = request_state(request.scope)
+    stats = state.stats = RequestStats()  # read by the tenant limits and the access line too
+    request_id = state.completion_id = f"{id_prefix}{id_separator}{uuid.uuid4().hex[:16]}"
     try:
         result = await cancel_on_disconnect(request, create(request_id, stats))
     except ClientDisconnected:
@@ -153,52 +151,53 @@ async def _serve(
     if isinstance(result, EventStream):
         return EventStreamResponse(
             result,
-            on_close=lambda: _observe_tokens(metrics, route, stats, started, streamed=True),
+            on_close=lambda: _observe_tokens(metrics, route, stats, state.started, streamed=True),
             on_disconnect=metrics.disconnects.labels(route=route).inc,
         )
-    _observe_tokens(metrics, route, stats, started)
+    _observe_tokens(metrics, route, stats, state.started)
     return JSONResponse(result.model_dump(mode="json"))
 
 
-@router.post(
-    "/v1/completions",
-    response_model=CompletionResponse,
-    responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
-    summary="Create a completion (plain or streaming)",
-)
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    service: CompletionService = request.app.state.completions
-    return await _serve(
-        request, "/v1/completions", lambda rid, stats: service.create(body, rid, stats), "cmpl"
+def build_router(*, completions: CompletionService, chat: ChatService, responses: ResponsesService,
+                 holder: EngineHolder, metrics: GatewayMetrics) -> APIRouter:
+    """The `/v1/*` routes over these services."""
+    router = APIRouter()
+
+    @router.post(
+        "/v1/completions",
+        response_model=CompletionResponse,
+        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+        summary="Create a completion (plain or streaming)",
     )
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+        return await _serve(
+            request, metrics, "/v1/completions", lambda rid, stats: completions.create(body, rid, stats), "cmpl"
+        )
 
-
-@router.post(
-    "/v1/chat/completions",
-    response_model=ChatCompletionResponse,
-    responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
-    summary="Create a chat completion (plain or streaming)",
-)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    service: ChatService = request.app.state.chat
-    return await _serve(
-        request, "/v1/chat/completions", lambda rid, stats: service.create(body, rid, stats), "chatcmpl"
+    @router.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses={**ERROR_RESPONSES, 200: STREAM_RESPONSE},
+        summary="Create a chat completion (plain or streaming)",
     )
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+        return await _serve(
+            request, metrics, "/v1/chat/completions", lambda rid, stats: chat.create(body, rid, stats), "chatcmpl"
+        )
 
-
-@router.post(
-    "/v1/responses",
-    response_model=ResponseObject,
-    responses={**ERROR_RESPONSES, 200: RESPONSE_EVENTS},
-    summary="Create a response (OpenAI Responses API; text and function tools, nothing stored)",
-)
-async def create_response(body: ResponsesRequest, request: Request) -> Response:
-    service: ResponsesService = request.app.state.responses
-    return await _serve(
-        request, "/v1/responses", lambda rid, stats: service.create(body, rid, stats), "resp", "_"
+    @router.post(
+        "/v1/responses",
+        response_model=ResponseObject,
+        responses={**ERROR_RESPONSES, 200: RESPONSE_EVENTS},
+        summary="Create a response (OpenAI Responses API; text and function tools, nothing stored)",
     )
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        return await _serve(
+            request, metrics, "/v1/responses", lambda rid, stats: responses.create(body, rid, stats), "resp", "_"
+        )
 
+    @router.get("/v1/models", response_model=ModelList, summary="List the served model")
+    async def show_models() -> ModelList:
+        return list_models(holder)
 
-@router.get("/v1/models", response_model=ModelList, summary="List the served model")
-async def show_models(request: Request) -> ModelList:
-    return list_models(request.app.state.holder)
+    return router

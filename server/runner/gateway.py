@@ -29,6 +29,7 @@ from server.errors import ConflictError, InvalidRequestError, ServiceUnavailable
 from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
 from server.lifecycle.weights import ModelFiles
+from server.metrics import GatewayMetrics
 from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 from server.runner.http_options import uvicorn_http_options
 from server.runner.notify import Notifier
@@ -36,6 +37,7 @@ from server.runner.process_group import isolate_engine_processes
 from server.runner.processes import become_subreaper, terminate_children, wait_for_engine_processes
 from server.settings import Settings
 from server.settings.checks import profile_warnings
+from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway")
 
@@ -66,10 +68,11 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.holder = EngineHolder(settings, engine_factory or VllmEngine.start)
-        self.app = build_app(settings, self.holder)
-        self.app.state.reloader = self.reload
-        self.stall_watch = StallWatch(self.holder, settings, self.app.state.metrics)
-        self.gc_pauses = GcPauseTimer(self.app.state.metrics.gc_full_collection.observe)
+        self.metrics = GatewayMetrics()
+        self.tenancy = Tenancy(settings)
+        self.app = build_app(settings, self.holder, self.metrics, self.tenancy, reloader=self.reload)
+        self.stall_watch = StallWatch(self.holder, settings, self.metrics)
+        self.gc_pauses = GcPauseTimer(self.metrics.gc_full_collection.observe)
         self._freeze_gc = settings.server.freeze_gc_heap  # read at start, like the listening address
         self._loader = loader
         self.config_path = config_path
@@ -110,7 +113,7 @@ class Gateway:
         if self._freeze_gc:
             logger.info("startup heap frozen out of the garbage collector (%.0f ms)", 1000 * freeze_heap())
         labels = profile_labels(self.settings, engine.info.vllm_version, self.holder.weights)
-        self.app.state.metrics.set_profile(labels)
+        self.metrics.set_profile(labels)
         where = f"http://{self.settings.server.host}:{self.bound_port()}"
         logger.info("serving %s on %s", self.settings.served_model_name, where)
         self.notifier.ready(f"serving {self.settings.served_model_name} on {where}")
@@ -183,7 +186,7 @@ class Gateway:
         configuration, then swap engines: always when `overrides` ask for something, otherwise only
         if the engine profile changed. Raises before touching the engine."""
         started = time.monotonic()
-        await self.app.state.tenancy.reload_keys()
+        await self.tenancy.reload_keys()
         if self._loader is None:
             raise ServiceUnavailableError("this server was started without a configuration loader")
         if self.holder.reloading:
@@ -224,7 +227,7 @@ class Gateway:
             self.config_path = path
             self.settings = new_settings
             self.stall_watch.configure(new_settings)
-            self.app.state.metrics.set_profile(
+            self.metrics.set_profile(
                 profile_labels(new_settings, self.holder.engine.info.vllm_version, self.holder.weights))
         return result
 
@@ -275,7 +278,7 @@ class Gateway:
                 "the API. Set auth.api_keys (--api-key) or bind to 127.0.0.1 behind a proxy.",
                 self.settings.server.host,
             )
-        await self.app.state.tenancy.start()
+        await self.tenancy.start()
         self.gc_pauses.install()
         self.notifier.status("starting the engine")
         self._spawn(self._start_engine())
@@ -305,7 +308,7 @@ class Gateway:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            await self.app.state.tenancy.stop()  # after the last request: its usage is written too
+            await self.tenancy.stop()  # after the last request: its usage is written too
             self.gc_pauses.remove()
             logger.info("stopped (drained=%s, exit code %d)", drained, self.exit_code)
         return self.exit_code

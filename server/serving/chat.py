@@ -18,24 +18,14 @@ from server.protocol.openai import (
     ChatResponseMessage,
     ChatStreamChoice,
 )
+from server.request_state import RequestStats
 from server.serving.chat_stream import ChatChoiceStream, chat_logprobs
+from server.serving.checks import check_limits, check_logprobs, check_model, resolve_max_tokens
 from server.serving.chunks import ChatContentChunks
-from server.serving.common import (
-    DONE_EVENT,
-    EventStream,
-    GenerationService,
-    RequestStats,
-    check_limits,
-    check_logprobs,
-    check_model,
-    guarded,
-    prompt_chars,
-    resolve_max_tokens,
-    sampling_options,
-    serve_on_lease,
-    sse,
-    sse_error,
-)
+from server.serving.lease import GenerationService, prompt_chars, serve_on_lease
+from server.serving.sampling import sampling_options
+from server.serving.sse import DONE_EVENT, EventStream, sse, sse_error
+from server.serving.streams import guarded
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
 
 

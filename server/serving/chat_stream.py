@@ -15,7 +15,7 @@ from server.protocol.openai import (
     ToolCallDelta,
     ToolCallFunctionDelta,
 )
-from server.serving.common import RequestStats
+from server.request_state import RequestStats
 from server.serving.tool_stream import ToolCallStream
 from server.serving.tools import ToolPlan
 

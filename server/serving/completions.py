@@ -21,25 +21,19 @@ from server.protocol.openai import (
     CompletionResponse,
     CompletionStreamResponse,
 )
-from server.serving.chunks import CompletionTextChunks
-from server.serving.common import (
-    DONE_EVENT,
-    EventStream,
-    GenerationService,
-    RequestStats,
+from server.request_state import RequestStats
+from server.serving.checks import (
     check_limits,
     check_logprobs,
     check_model,
     check_token_ids,
-    guarded,
-    prompt_chars,
     resolve_max_tokens,
-    sampling_options,
-    serve_on_lease,
-    sse,
-    sse_error,
 )
-from server.serving.streams import merge_streams
+from server.serving.chunks import CompletionTextChunks
+from server.serving.lease import GenerationService, prompt_chars, serve_on_lease
+from server.serving.sampling import sampling_options
+from server.serving.sse import DONE_EVENT, EventStream, sse, sse_error
+from server.serving.streams import guarded, merge_streams
 
 logger = logging.getLogger("llm_gateway.completions")
 

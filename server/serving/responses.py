@@ -37,19 +37,10 @@ from server.protocol.responses import (
     TextDeltaEvent,
     TextDoneEvent,
 )
+from server.request_state import RequestStats
 from server.serving.chat import chat_prompt_ids
-from server.serving.common import (
-    EventStream,
-    GenerationService,
-    RequestStats,
-    check_model,
-    guarded,
-    prompt_chars,
-    resolve_max_tokens,
-    sampling_options,
-    serve_on_lease,
-    stream_failure,
-)
+from server.serving.checks import check_model, resolve_max_tokens
+from server.serving.lease import GenerationService, prompt_chars, serve_on_lease
 from server.serving.responses_items import (
     echoed_tool_choice,
     function_call_events,
@@ -59,6 +50,9 @@ from server.serving.responses_items import (
     output_items,
     plan_response_tools,
 )
+from server.serving.sampling import sampling_options
+from server.serving.sse import EventStream, stream_failure
+from server.serving.streams import guarded
 from server.serving.tools import ToolPlan
 
 

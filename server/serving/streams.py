@@ -1,10 +1,15 @@
-"""Helpers for async streams: merge several engine streams, keep their order per source."""
+"""Helpers for async streams: merge several engine streams (keeping their order per source), and
+the engine stream under the configured first-token and total timeouts."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
+
+from server.engine import GenerationOutput
+from server.errors import RequestTimeoutError
+from server.settings import LimitSettings
 
 T = TypeVar("T")
 
@@ -86,3 +91,23 @@ async def with_deadlines(
             yield item
     finally:
         await stream.aclose()  # type: ignore[attr-defined]
+
+
+def guarded(stream: AsyncIterator[GenerationOutput], limits: LimitSettings) -> AsyncIterator[GenerationOutput]:
+    """The engine stream under the configured first-token and total timeouts (504 when late)."""
+    if limits.first_token_timeout_s is None and limits.request_timeout_s is None:
+        return stream
+
+    def timeout_error(which: str) -> RequestTimeoutError:
+        if which == "first_token":
+            return RequestTimeoutError(
+                f"no token within {limits.first_token_timeout_s} s (limits.first_token_timeout_s); aborted")
+        return RequestTimeoutError(f"generation took longer than {limits.request_timeout_s} s "
+                                   "(limits.request_timeout_s); aborted")
+
+    return with_deadlines(
+        stream,
+        first_item_timeout=limits.first_token_timeout_s,
+        total_timeout=limits.request_timeout_s,
+        on_timeout=timeout_error,
+    )

@@ -11,7 +11,8 @@ from server.errors import InvalidRequestError
 from server.lifecycle.holder import EngineHolder
 from server.protocol.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from server.serving.chat import chat_message_dicts, chat_prompt_ids
-from server.serving.common import check_model, check_token_ids, prompt_chars, serve_on_lease
+from server.serving.checks import check_model, check_token_ids
+from server.serving.lease import prompt_chars, serve_on_lease
 
 
 def tokenize_ids(engine: Engine, req: TokenizeRequest) -> list[int]:

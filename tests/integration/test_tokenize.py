@@ -53,7 +53,7 @@ def test_bad_input_is_a_400_naming_the_field(http: httpx.Client) -> None:
 
 def test_long_text_prompts_are_tokenized_off_the_loop_and_unchanged(http: httpx.Client, tokenizer) -> None:  # type: ignore[no-untyped-def]
     """Above OFFLOAD_PROMPT_CHARS the template and tokenizer run in a worker thread: same ids."""
-    from server.serving.common import OFFLOAD_PROMPT_CHARS
+    from server.serving.lease import OFFLOAD_PROMPT_CHARS
 
     text = " ".join(f"item {i} of the list," for i in range(OFFLOAD_PROMPT_CHARS // 10))
     assert len(text) > OFFLOAD_PROMPT_CHARS

@@ -10,7 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from server.app import build_app
 from server.lifecycle.holder import EngineHolder, EngineState
+from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, Settings
+from server.tenants.service import Tenancy
 from tests.fakes import FakeEngine
 
 
@@ -21,7 +23,7 @@ def make(engine: FakeEngine) -> tuple[httpx.AsyncClient, EngineHolder]:
         return engine
 
     holder = EngineHolder(settings, factory)
-    app = build_app(settings, holder, registry=CollectorRegistry())
+    app = build_app(settings, holder, GatewayMetrics(CollectorRegistry()), Tenancy(settings))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
     return client, holder
 

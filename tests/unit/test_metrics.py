@@ -23,6 +23,7 @@ from server.metrics import (
 )
 from server.settings import EngineProfile, Settings
 from server.settings.keys_file import Tenant, TenantLimits
+from server.tenants.service import Tenancy
 from tests.fakes import FakeEngine
 
 
@@ -51,9 +52,10 @@ def make_app(engine: FakeEngine) -> tuple[httpx.AsyncClient, EngineHolder, Gatew
         return engine
 
     holder = EngineHolder(settings, factory)
-    app = build_app(settings, holder, registry=CollectorRegistry())
+    metrics = GatewayMetrics(CollectorRegistry())
+    app = build_app(settings, holder, metrics, Tenancy(settings))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-    return client, holder, app.state.metrics
+    return client, holder, metrics
 
 
 def test_registries_are_independent_and_not_global() -> None:

@@ -14,7 +14,7 @@ import pytest
 from server.lifecycle.holder import EngineState
 from tests.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
-from tests.unit.test_metrics import get, snapshot
+from tests.unit.test_metrics import get, make_app, snapshot
 from tests.unit.test_tenants_http import Gateway_, assert_error, bearer
 
 STREAM_ORDER = ["response.created", "response.in_progress", "response.output_item.added",
@@ -145,13 +145,13 @@ async def test_response_bad_input_is_a_4xx_naming_the_field() -> None:
 
 @pytest.mark.anyio
 async def test_response_refused_while_draining_and_counted_by_route(caplog: pytest.LogCaptureFixture) -> None:
-    client, holder = make(FakeEngine())
+    client, holder, metrics = make_app(FakeEngine())
     await holder.start()
     with caplog.at_level(logging.INFO, logger="llm_gateway.access"):
         assert (await client.post("/v1/responses", json={"input": "a b", "max_output_tokens": 2})).status_code == 200
     line = next(r.getMessage() for r in caplog.records if "route=/v1/responses" in r.getMessage())
     assert "completion_id=resp_" in line and "prompt_tokens=4 completion_tokens=2" in line and "finish=length" in line
-    snap = snapshot(client._transport.app.state.metrics)  # type: ignore[attr-defined]
+    snap = snapshot(metrics)
     assert get(snap, "gateway_requests_total", route="/v1/responses", status="200") == 1
     assert get(snap, "gateway_completion_tokens_total", route="/v1/responses") == 2
     holder._set_state(EngineState.DRAINING)

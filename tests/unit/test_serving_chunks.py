@@ -12,7 +12,7 @@ from server.protocol.openai import (
     CompletionStreamResponse,
 )
 from server.serving.chunks import ChatContentChunks, CompletionTextChunks
-from server.serving.common import sse
+from server.serving.sse import sse
 
 AWKWARD_TEXTS = [
     "",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from server.serving.common import OFFLOAD_PROMPT_CHARS, prompt_chars
+from server.serving.lease import OFFLOAD_PROMPT_CHARS, prompt_chars
 from tests.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from server.app import build_app
 from server.errors import InvalidRequestError
 from server.lifecycle.holder import EngineHolder
+from server.metrics import GatewayMetrics
 from server.runner.gateway import Gateway
 from server.settings import EngineProfile, Settings
 from server.settings.schema import deep_merge
@@ -74,8 +75,9 @@ class Gateway_:
             return self.engine
 
         self.holder = EngineHolder(self.settings, factory)
-        self.app = build_app(self.settings, self.holder, registry=CollectorRegistry())
-        self.tenancy: Tenancy = self.app.state.tenancy
+        self.gateway_metrics = GatewayMetrics(CollectorRegistry())
+        self.tenancy = Tenancy(self.settings)
+        self.app = build_app(self.settings, self.holder, self.gateway_metrics, self.tenancy)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test")
 
     async def __aenter__(self) -> Gateway_:
@@ -91,7 +93,7 @@ class Gateway_:
         return await self.client.post("/v1/completions", json={"model": "fake", **body}, headers=bearer(key))
 
     def metrics(self) -> dict:
-        return snapshot(self.app.state.metrics)
+        return snapshot(self.gateway_metrics)
 
 
 def assert_error(r: httpx.Response, status: int, code: str | int) -> dict:
@@ -346,7 +348,7 @@ def reloadable(tmp_path: Path) -> tuple[Gateway, FakeEngine, httpx.AsyncClient]:
 async def test_reload_rereads_the_keys_file_without_touching_the_engine(tmp_path: Path) -> None:
     gateway, engine, client = reloadable(tmp_path)
     await gateway.holder.start()
-    tenancy: Tenancy = gateway.app.state.tenancy
+    tenancy = gateway.tenancy
     await tenancy.start()
     try:
         async def status(key: str) -> int:
@@ -367,7 +369,7 @@ async def test_reload_rereads_the_keys_file_without_touching_the_engine(tmp_path
         with pytest.raises(InvalidRequestError, match="auth.keys_file"):
             await gateway.reload()
         assert await status("sk-late") == 200 and await status("sk-broken") == 401
-        snap = snapshot(gateway.app.state.metrics)
+        snap = snapshot(gateway.metrics)
         assert get(snap, "gateway_tenant_keys_reloads_total", outcome="success") == 1
         assert get(snap, "gateway_tenant_keys_reloads_total", outcome="failure") == 1
         assert get(snap, "gateway_engine_reloads_total", outcome="success") == 0

@@ -12,7 +12,9 @@ from prometheus_client import CollectorRegistry
 
 from server.app import build_app
 from server.lifecycle.holder import EngineHolder
+from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, Settings
+from server.tenants.service import Tenancy
 from tests.fakes import FakeEngine
 
 WEATHER = {"type": "function", "function": {
@@ -29,7 +31,7 @@ async def started(engine: FakeEngine) -> httpx.AsyncClient:
         return engine
 
     holder = EngineHolder(settings, factory)
-    app = build_app(settings, holder, registry=CollectorRegistry())
+    app = build_app(settings, holder, GatewayMetrics(CollectorRegistry()), Tenancy(settings))
     await holder.start()
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 

@@ -1,0 +1,202 @@
+"""A tenant's limits around each generation request: before it, the model allow-list (404) and the
+limiter (429 over a rate limit or the budget); after it (the last byte sent, or the client gone),
+the decision settled with the tokens the request really used, and the tenant's usage and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import GatewayError, responses_error_event, sse_error_event
+from server.metrics import GatewayMetrics
+from server.middleware.asgi import buffered_body, send_error, send_gateway_error
+from server.request_state import RequestState, request_state
+from server.settings.keys_file import Tenant
+from server.tenants.limiter import BUDGET, Decision
+from server.tenants.refusals import budget_spent, model_refused, ratelimit_headers, refusal_error
+from server.tenants.reservation import reserved_tokens
+from server.tenants.service import Tenancy
+
+logger = logging.getLogger("llm_gateway.tenants")
+
+# The generation routes tenant limits apply to, and the kind of body each takes (server.tenants.reservation).
+LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # the route refuses it with 400; nothing is reserved for it
+
+
+def next_sequence_number(chunk: bytes) -> int:
+    """The number after the last /v1/responses event in `chunk` (each chunk the app sends holds
+    whole events; the top-level `sequence_number` is the only one in an event)."""
+    at = chunk.rfind(b'"sequence_number":')
+    if at < 0:
+        return 0
+    digits = re.match(rb"\s*(\d+)", chunk[at + len(b'"sequence_number":'):])
+    return int(digits.group(1)) + 1 if digits else 0
+
+
+class _StreamEnded(Exception):
+    """Raised into the app to stop a stream this middleware has already ended."""
+
+
+class TenantLimitMiddleware:
+    """Before a generation request: the tenant's model allow-list (404) and limiter (429 over a
+    limit or the budget). After it (the last byte sent, or the client gone): settle the decision
+    with the tokens the request really used, which serving reports as it runs in the request's
+    stats (`RequestState.stats`, the object the access log reads too), and record the
+    tenant's usage and metrics. With `auth.end_streams_over_budget`, a stream that runs past its
+    share of the budget is ended with a final `insufficient_quota` event.
+
+    Runs inside BodyLimitMiddleware, so the body it reads is capped.
+    """
+
+    def __init__(self, app: ASGIApp, tenancy: Tenancy, metrics: GatewayMetrics,
+                 context_length: Callable[[], int | None], served_model: Callable[[], str]) -> None:
+        self.app = app
+        self.tenancy = tenancy
+        self.metrics = metrics
+        self.context_length = context_length
+        self.served_model = served_model
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # A reloaded keys file may remove a tenant's budget gauges: look the children up afresh.
+        tenancy.add_directory_listener(lambda _: self._children.clear())
+
+    def _child(self, family: Any, *label_values: str) -> Any:
+        """A metric's child, looked up once: labels() takes a lock and builds a key on every call."""
+        key = (id(family), label_values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*label_values)
+        return child
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path not in LIMITED_ROUTES or scope["method"] != "POST":
+            if path == "/v1/models" and scope["method"] == "GET":
+                tenant = request_state(scope).tenant
+                if tenant is not None and tenant.limits.models is not None and self.served_model() not in tenant.limits.models:
+                    await self._send_json(send, 200, {"object": "list", "data": []})
+                    return
+            await self.app(scope, receive, send)
+            return
+        state = request_state(scope)
+        tenant: Tenant = state.tenant or self.tenancy.unnamed
+        limits = tenant.limits
+        decision: Decision | None = None
+        if self.tenancy.enabled and (limits.any or limits.models is not None):
+            body: Any = None
+            if limits.counts_tokens or limits.models is not None:
+                raw, receive = await buffered_body(receive)
+                body = parse_json(raw)
+            if limits.models is not None:
+                model = (body.get("model") if isinstance(body, dict) else None) or self.served_model()
+                if model not in limits.models:
+                    await self._refuse(send, state, tenant, model_refused(str(model)))
+                    return
+            if limits.any:
+                reserved = reserved_tokens(body, LIMITED_ROUTES[path], self.context_length()) if limits.counts_tokens else 0
+                decision = await self._decide(tenant, reserved)
+                if not decision.allowed:
+                    state.rejection_reason = "budget" if decision.reason == BUDGET else "rate_limit"
+                    self._child(self.metrics.tenant_rate_limited, tenant.name, decision.reason or "").inc()
+                    param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
+                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
+                    return
+        await self._run(scope, receive, send, state, tenant, decision)
+
+    async def _decide(self, tenant: Tenant, reserved: int) -> Decision:
+        started = time.perf_counter()
+        decision = await self.tenancy.admit(tenant, reserved)
+        assert decision is not None  # the tenant has limits
+        self._child(self.metrics.limiter_duration, decision.backend).observe(time.perf_counter() - started)
+        if decision.degraded:
+            self.metrics.limiter_degraded.inc()
+        if decision.budget_used is not None:
+            self._child(self.metrics.tenant_budget_used, tenant.name).set(decision.budget_used)
+        return decision
+
+    @staticmethod
+    async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+        await send_error(send, status, "", body=payload)
+
+    async def _refuse(self, send: Send, state: RequestState, tenant: Tenant, error: GatewayError) -> None:
+        self._child(self.metrics.tenant_requests, tenant.name, str(error.status)).inc()
+        self.tenancy.refused(tenant)
+        await send_gateway_error(send, error)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, state: RequestState,
+                   tenant: Tenant, decision: Decision | None) -> None:
+        ended = False
+        if decision is not None:
+            # The access middleware (outermost) adds them to the response's start.
+            state.response_headers = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
+        if decision is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
+            downstream, streaming = send, False
+            responses = scope["path"] == "/v1/responses"  # its events are numbered, and there is no [DONE]
+
+            async def send_limited(message: Message) -> None:
+                nonlocal streaming, ended
+                if ended:  # the app's next step after the end this middleware sent: stop it
+                    raise _StreamEnded()
+                if message["type"] == "http.response.start":
+                    streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                    for k, v in message.get("headers", ()))
+                elif streaming and message.get("more_body") and self._over_budget(state, decision):
+                    error = budget_spent(tenant, decision.budget_used, decision.period, self.tenancy.clock())
+                    if responses:
+                        end = responses_error_event(error, next_sequence_number(message.get("body", b"")))
+                    else:
+                        end = sse_error_event(error) + "data: [DONE]\n\n"
+                    message["body"] = message.get("body", b"") + end.encode()
+                    message["more_body"] = False
+                    ended = True
+                await downstream(message)
+
+            send = send_limited
+        try:
+            await self.app(scope, receive, send)
+        except _StreamEnded:
+            pass
+        except Exception:
+            if not ended:
+                raise
+        finally:
+            stats = state.stats
+            prompt = stats.prompt_tokens if stats is not None else 0
+            completion = stats.completion_tokens if stats is not None else 0
+            # The access middleware (outermost) notes the status as the response starts.
+            status = state.status if state.status is not None else 500
+            self._child(self.metrics.tenant_requests, tenant.name, str(status)).inc()
+            self._child(self.metrics.tenant_tokens, tenant.name, "prompt").inc(prompt)
+            self._child(self.metrics.tenant_tokens, tenant.name, "completion").inc(completion)
+            if ended:
+                self._child(self.metrics.tenant_rate_limited, tenant.name, BUDGET).inc()
+            if self.tenancy.enabled:
+                await self._finish(tenant, decision, prompt, completion, error=status >= 400 or ended)
+
+    @staticmethod
+    def _over_budget(state: RequestState, decision: Decision) -> bool:
+        stats = state.stats
+        return stats is not None and stats.prompt_tokens + stats.completion_tokens > decision.budget_held
+
+    async def _finish(self, tenant: Tenant, decision: Decision | None, prompt: int, completion: int,
+                      *, error: bool) -> None:
+        try:
+            used = await self.tenancy.finish(tenant, decision, prompt, completion, error=error)
+        except Exception:  # a failed settlement must not turn a served request into an error
+            logger.exception("settling tenant %s's request failed", tenant.name)
+            return
+        if used is not None:
+            self._child(self.metrics.tenant_budget_used, tenant.name).set(used)

@@ -1,0 +1,73 @@
+"""What the middleware and the routes share about one request, named and typed once.
+
+Starlette keeps a request's state in `scope["state"]`. The outermost middleware
+(`server.middleware.access`) puts one `RequestState` there under `STATE_KEY` when the request
+arrives; every inner layer reads and writes its typed fields through `request_state(scope)`,
+never a bare string key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from server.protocol.openai import Usage
+from server.settings.keys_file import Tenant
+
+STATE_KEY = "llm_gateway"
+"""The one key the gateway uses in `scope["state"]`."""
+
+
+@dataclass(eq=False, slots=True)
+class RequestStats:
+    """Filled in by serving while a generation request runs; read by the routes (metrics), the
+    tenant limits (what to charge) and the access log."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    completed: bool = False
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
+
+
+@dataclass(eq=False, slots=True)
+class RequestState:
+    """One request as the gateway's layers see it."""
+
+    started: float
+    """`time.monotonic()` when the request arrived: TTFT and the duration count from here."""
+
+    request_id: str
+    """`X-Request-ID`: the client's, or one made up; echoed on the response."""
+
+    status: int | None = None
+    """The response's status once it started (None before): for layers that count after the app."""
+
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """Headers inner layers add to the response's start (a tenant's `x-ratelimit-*`): one send
+    wrapper, the access middleware's, instead of one per layer on every streamed chunk."""
+
+    tenant: Tenant | None = None
+    """Who sent it (set by the auth middleware)."""
+
+    stats: RequestStats | None = None
+    """Tokens and finish reasons of a generation request (set by its route)."""
+
+    completion_id: str | None = None
+    """The id of the completion or response object made (`cmpl-...`), for the access log."""
+
+    rejection_reason: str | None = None
+    """Why a tenant limit refused it (`rate_limit`, `budget`), for `gateway_rejected_requests_total`."""
+
+
+def request_state(scope: MutableMapping[str, Any]) -> RequestState:
+    """The request's state (the access middleware made it)."""
+    return scope["state"][STATE_KEY]
