@@ -269,7 +269,7 @@ class VllmEngine:
             "output_kind": RequestOutputKind.DELTA if options.stream else RequestOutputKind.FINAL_ONLY,
             # One fresh object per prompt, never shared, so AsyncLLM.add_request's deepcopy of it
             # (vLLM 0.26 and 0.32 alike; `vllm serve` skips it the same way) is waste on the event
-            # loop: SamplingParams.clone -> deepcopy was 5% of the gateway's samples at c = 32 on the H200.
+            # loop, and a deepcopy per request shows in a profile of a busy gateway.
             "skip_clone": True,
         }
         try:
@@ -355,8 +355,8 @@ class VllmEngine:
             ]
         return GenerationOutput(
             request_id=out.request_id,
-            # vLLM's own list, not a copy: every delta carries the whole prompt, and copying it per
-            # token was 2.8% of the event loop at c = 256 on the H200 (py-spy, 2026-12-03)
+            # vLLM's own list, not a copy: every delta carries the whole prompt, and a copy per
+            # token grows with the prompt on the event loop
             prompt_token_ids=out.prompt_token_ids or [],
             prompt_logprobs=prompt_logprobs,
             choices=choices,

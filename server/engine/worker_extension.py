@@ -31,7 +31,7 @@ class GatewayWorkerExtension:
         """Start reading `weights_path`'s tensors into host memory (pinned on a GPU) in a thread.
 
         vLLM's own reload reads the files while generation is paused; on a GPU that read and the
-        copy from pageable memory were most of the pause (1.9-2.2 s for Gemma 4 E2B's 9.4 GiB).
+        copy from pageable memory were most of the pause (docs/performance/reload.md).
         Read beforehand, the pause keeps only the copy from pinned memory into the model. The
         call returns at once: a worker blocked in it would stop generating (the engine core runs
         utility calls between steps). Costs host memory the size of the checkpoint until the

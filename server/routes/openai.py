@@ -71,7 +71,7 @@ class EventStreamResponse(StreamingResponse):
 
     async def stream_response(self, send: Send) -> None:
         # Marked here rather than by wrapping `send`: a wrapper is one more coroutine per chunk
-        # (about 1% of the event loop at c = 256 on the H200, py-spy, 2026-12-03).
+        # on the event loop.
         await super().stream_response(send)
         self.completed = True  # the final body message went out
 

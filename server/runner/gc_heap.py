@@ -1,8 +1,8 @@
 """The gateway process's garbage collector: a frozen startup heap, and timed full collections.
 
-vLLM, torch, transformers and the tokenizer leave ~600k objects tracked by Python's collector in
-the gateway process (the CPU build; measured 617,700 after the imports alone). A full (oldest
-generation) collection walks all of them, ~150 ms on a 2-core CPU, and it runs on the event loop:
+vLLM, torch, transformers and the tokenizer leave hundreds of thousands of objects tracked by
+Python's collector in the gateway process. A full (oldest generation) collection walks all of them,
+a noticeable fraction of a second, and it runs on the event loop:
 every stream and every new request waits for it. `vllm serve` marks its startup heap static with
 `gc.freeze()` once it is up (`vllm.utils.gc_utils.freeze_gc_heap`, vLLM 0.26 and 0.32 alike), so its
 collections skip that heap; the gateway does the same when its engine is ready. A reload retires an

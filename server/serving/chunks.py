@@ -1,7 +1,7 @@
 """Hand-built SSE events for the chunk a stream sends most: one choice's plain text delta.
 
-At c = 256 on the H200, building and dumping a pydantic model per chunk was about 7% of the event
-loop (py-spy, 2026-12-03), the largest share the gateway could cut on its own. These builders write
+Building and dumping a pydantic model per chunk was the largest share of the event loop's work that
+the gateway could cut on its own at high concurrency (docs/performance/event-loop.md). These builders write
 byte for byte what the models write (tests/unit/test_serving_chunks.py compares them over awkward text);
 every other chunk (logprobs, echo, roles, reasoning, tool calls, usage) still goes through the models.
 """

@@ -57,8 +57,8 @@ class ServerSettings(BaseModel):
     freeze_gc_heap: bool = True
     """Once the engine is up (and after each reload), freeze the startup heap out of Python's
     garbage collector, as `vllm serve` does, so full collections stop pausing the event loop for
-    about half a second each (476 ms unfrozen, 24 ms frozen on the H200 at c = 256; server/runner/gc_heap.py).
-    Off only to measure what it saves."""
+    up to about half a second each (server/runner/gc_heap.py; measured in
+    docs/performance/event-loop.md). Off only to measure what it saves."""
 
 
 class AuthSettings(BaseModel):
