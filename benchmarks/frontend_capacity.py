@@ -3,12 +3,12 @@
 
 The gateway runs on the scripted engine (tests/fakes.py: every token at once, no model; one
 lib/scripted_server.py process per tree), so its HTTP/SSE layer and event loop are the whole cost;
-`python -m loadtest run` streams token-id completions at a fixed concurrency. Two or more trees side by side in one run (e.g. the commit
-before a frontend change and the working tree), each its own server process, measured in
-interleaved rounds with the order rotating, so drift on the machine hits every tree alike.
-Reported per tree: output tok/s per round, the median and spread, and the ratio of medians to the
-first tree. A CPU ratio, not a GPU number: on the H200 the same event loop also runs vLLM's
-output processing, so the gain there is smaller than here.
+`python -m loadtest run` streams token-id completions at a fixed concurrency. Two or more trees
+side by side in one run (e.g. the commit before a frontend change and the working tree), each its
+own server process, measured in interleaved rounds with the order rotating, so drift on the machine
+hits every tree alike. Reported per tree: output tok/s per round, the median and spread, and the
+ratio of medians to the first tree. A CPU ratio, not a GPU number: on the H200 the same event loop
+also runs vLLM's output processing, so the gain there is smaller than here.
 
     git worktree add /tmp/before <commit>          # or: git archive <commit> | tar -x -C /tmp/before
     .venv/bin/python -m benchmarks.frontend_capacity --tree before=/tmp/before --tree after=. \\

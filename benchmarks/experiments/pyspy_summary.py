@@ -7,8 +7,8 @@ prints:
 
 - samples per thread and, given the sampling window (`--rate`, `--duration-s`), the share of it
   each thread was busy: samples whose leaf is a wait (selector, uvloop's C loop under `Runner.run`,
-  an idle thread-pool worker, a lock or queue wait: WAIT_LEAVES in lib/pyspy.py) count as waiting, so the event
-  loop's thread busy near 100% means a saturated loop;
+  an idle thread-pool worker, a lock or queue wait: WAIT_LEAVES in lib/pyspy.py) count as waiting,
+  so the event loop's thread busy near 100% means a saturated loop;
 - the top N functions by self samples (leaf) and by inclusive samples (anywhere in the stack,
   once per stack), line numbers dropped so one function is one row;
 - self and inclusive samples per module group (asyncio, uvicorn, starlette, fastapi, pydantic,
