@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """How many streamed tokens per second the gateway's own frontend can push (issue 14, goal 3).
 
-The gateway runs on the scripted engine (tests/fakes.py: every token at once, no model), so its
-HTTP/SSE layer and event loop are the whole cost; `python -m loadtest run` streams token-id
-completions at a fixed concurrency. Two or more trees side by side in one run (e.g. the commit
-before a frontend change and the working tree), each its own server process, measured in
-interleaved rounds with the order rotating, so drift on the machine hits every tree alike.
-Reported per tree: output tok/s per round, the median and spread, and the ratio of medians to the
-first tree. A CPU ratio, not a GPU number: on the H200 the same event loop also runs vLLM's
-output processing, so the gain there is smaller than here.
+The gateway runs on the scripted engine (tests/fakes.py: every token at once, no model; one
+lib/scripted_server.py process per tree), so its HTTP/SSE layer and event loop are the whole cost;
+`python -m loadtest run` streams token-id completions at a fixed concurrency. Two or more trees
+side by side in one run (e.g. the commit before a frontend change and the working tree), each its
+own server process, measured in interleaved rounds with the order rotating, so drift on the machine
+hits every tree alike. Reported per tree: output tok/s per round, the median and spread, and the
+ratio of medians to the first tree. A CPU ratio, not a GPU number: on the H200 the same event loop
+also runs vLLM's output processing, so the gain there is smaller than here.
 
     git worktree add /tmp/before <commit>          # or: git archive <commit> | tar -x -C /tmp/before
-    .venv/bin/python benchmarks/frontend_capacity.py --tree before=/tmp/before --tree after=. \\
+    .venv/bin/python -m benchmarks.frontend_capacity --tree before=/tmp/before --tree after=. \\
         --out benchmarks/results/<date>-cpu-frontend-capacity.json
 """
 
@@ -29,15 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-from benchlib import ROOT  # noqa: E402
-
-
-def serve(port: int, workdir: Path, tree: Path) -> None:
-    import tenants_overhead
-
-    tenants_overhead.serve_scripted("no-keys", port, workdir, None, tree=tree)
+from benchmarks.lib import scripted_server
+from benchmarks.lib.servers import ROOT
 
 
 def one_run(base_url: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -60,39 +53,28 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=128)
     ap.add_argument("--workers", type=int, default=1, help="loadtest client processes")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--serve-tree", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.serve:
-        serve(a.port, a.workdir, a.serve_tree)
-        return
     trees = dict(t.split("=", 1) for t in a.tree) or {"this": str(ROOT)}
     workdir = Path(tempfile.mkdtemp(prefix="frontend-capacity-"))
-    servers = {}
+    running = {}
     try:
         for name, path in trees.items():
-            tree = Path(path).resolve()
-            port = benchlib.free_port()
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", "--port", str(port),
-                   "--workdir", str(workdir / name), "--serve-tree", str(tree)]
             (workdir / name).mkdir(parents=True)
-            servers[name] = benchlib.start_server(name, cmd, workdir / f"{name}.log", port,
-                                                  benchlib.clean_env({"PYTHONPATH": str(tree)}), cwd=tree)
-        for server in servers.values():
+            running[name] = scripted_server.start(name, "no-keys", Path(path).resolve(), workdir / name,
+                                                  workdir / f"{name}.log")
+        for server in running.values():
             server.wait_ready("/ready", 120)
-        names = list(servers)
+        names = list(running)
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for r in range(a.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
-                res = one_run(servers[name].base_url, a, workdir / f"{name}-{r}.json")
+                res = one_run(running[name].base_url, a, workdir / f"{name}-{r}.json")
                 runs[name].append({"round": r, **res})
                 print(f"round {r} {name}: {res['out_tok_s']:.0f} out tok/s, TTFT p50 {res['ttft_p50_ms']:.1f} ms, "
                       f"failed {res['failed']}", flush=True)
     finally:
-        for server in servers.values():
+        for server in running.values():
             server.stop(grace_s=10)
     first = names[0]
     summary = {}

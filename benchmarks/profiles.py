@@ -2,7 +2,7 @@
 """Engine-profile benchmark for Gemma 4 E2B on one GPU (issue 9, part 1).
 
 Each profile runs in a fresh subprocess with vLLM's offline `LLM` class (a new engine per
-profile), `load_format="dummy"` on the Gemma 4 E2B text config in benchmarks/models/ (real
+profile), `load_format="dummy"` on the Gemma 4 E2B text config in benchmarks/fixtures/models/ (real
 shapes, random weights), no tokenizer (`skip_tokenizer_init=True`, token-id prompts) and
 `detokenize=False`. Every workload is warmed up on the same shapes with *different* random
 prompts, then timed on fresh random prompts (token ids in [0, 262144)), so prefix caching never
@@ -13,12 +13,12 @@ One JSON line per (profile, workload, repeat) is appended to --out as soon as it
 run stopped at its deadline still returns data; a summary table is printed at the end.
 
     # on the GPU machine (vLLM 0.26.0 on PYTHONPATH)
-    python3 benchmarks/profiles.py --out $OUT/results.jsonl --deadline-s 560 \
+    python3 -m benchmarks.profiles --out $OUT/results.jsonl --deadline-s 560 \
         --profiles defaults,no_prefix_cache,fast_prefill,fast_prefill_eager
     # here, without vLLM: exercise the driver with a fake engine
-    python3 benchmarks/profiles.py --dry-run --out /tmp/dry.jsonl
+    python3 -m benchmarks.profiles --dry-run --out /tmp/dry.jsonl
     # a table from one or more result files
-    python3 benchmarks/profiles.py --table benchmarks/results/2026-11-29-h200-profiles.json
+    python3 -m benchmarks.profiles --table benchmarks/results/2026-11-29-h200-profiles.json
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import threading
@@ -35,19 +34,11 @@ import time
 import zlib
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-MODEL_DIR = HERE / "models" / "gemma-4-e2b-text"
-VOCAB = 262144
+from benchmarks.fixtures import GEMMA_CONFIG_DIR as MODEL_DIR
+from benchmarks.lib.gpu import wait_gpu_free
+from benchmarks.lib.profiles_report import WORKLOADS, load, table
 
-# name: (number of prompts, prompt tokens, output tokens, metric)
-# metric "total" = (prompt + output tokens) / s, "output" = output tokens / s
-WORKLOADS: dict[str, tuple[int, int, int, str]] = {
-    "prefill_256x4096_16": (256, 4096, 16, "total"),
-    "prefill_4x1024_1": (4, 1024, 1, "total"),
-    "decode_32x512_256": (32, 512, 256, "output"),
-    "decode_256x512_256": (256, 512, 256, "output"),
-    "single_1x1024_256": (1, 1024, 256, "output"),
-}
+VOCAB = 262144
 
 # Base = what `vllm serve` picks on a 141 GB Hopper GPU (configs/gemma4-e2b-h200-vllm-defaults.yaml):
 # max_num_seqs 1024, max_num_batched_tokens 8192, prefix caching on, fast prefill off, graphs on.
@@ -189,69 +180,6 @@ def record(name: str, wl: str, metric: str, repeat: int, dt: float, n_in: int, n
 
 
 # -------------------------------------------------------------------------------- parent
-def load(paths: list[Path]) -> list[dict]:
-    recs = []
-    for p in paths:
-        if not p.exists():
-            continue
-        text = p.read_text().strip()
-        if text.startswith("["):
-            recs.extend(json.loads(text))
-        elif text.startswith("{") and '"results"' in text[:200000] and "\n{" not in text:
-            recs.extend(json.loads(text)["results"])
-        else:
-            recs.extend(json.loads(line) for line in text.splitlines() if line.strip())
-    return recs
-
-
-def _tok(v: float) -> str:
-    return f"{v / 1000:.2f}k" if v >= 1000 else f"{v:.0f}"
-
-
-def table(recs: list[dict], base: str = "defaults") -> str:
-    """Median tok/s per (profile, workload), its min-max when repeated, and the ratio of medians
-    to `base`."""
-    profiles = list(dict.fromkeys(r["profile"] for r in recs))
-    wls = [w for w in WORKLOADS if any(r["workload"] == w for r in recs)]
-    runs: dict[tuple[str, str], list[float]] = {}
-    for r in recs:
-        runs.setdefault((r["profile"], r["workload"]), []).append(r["tok_s"])
-    med = {key: statistics.median(values) for key, values in runs.items()}
-    head = "| profile | " + " | ".join(wls) + " |"
-    lines = [head, "|" + " --- |" * (len(wls) + 1)]
-    for p in profiles:
-        cells = []
-        for w in wls:
-            v = med.get((p, w))
-            if v is None:
-                cells.append("-")
-                continue
-            cell = _tok(v)
-            values = runs[(p, w)]
-            if len(values) > 1:
-                cell += f" ({_tok(min(values))}-{_tok(max(values))})"
-            b = med.get((base, w))
-            if b and p != base:
-                cell += f" {v / b:.2f}x"
-            cells.append(cell)
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def wait_gpu_free(limit_s: float = 30.0) -> None:
-    """Wait until the GPU holds no compute process (the last engine's memory is back)."""
-    t = time.monotonic()
-    while time.monotonic() - t < limit_s:
-        try:
-            r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return
-        if not r.stdout.strip():
-            return
-        time.sleep(1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profiles", default="defaults,no_prefix_cache,fast_prefill,fast_prefill_eager")
@@ -285,7 +213,7 @@ def main() -> None:
         if left < a.min_left_s:
             print(f"[{name}] skipped: {left:.0f}s left", flush=True)
             continue
-        cmd = [sys.executable, __file__, "--child", name, "--workloads", a.workloads,
+        cmd = [sys.executable, "-m", "benchmarks.profiles", "--child", name, "--workloads", a.workloads,
                "--out", str(a.out), "--model", a.model, "--repeats", str(a.repeats)] + (["--dry-run"] if a.dry_run else [])
         t = time.monotonic()
         logf = a.log.open("a") if a.log else None

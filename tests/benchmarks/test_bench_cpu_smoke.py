@@ -9,22 +9,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib import servers
 
-import benchlib  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_http_overhead_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "smoke.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "http_overhead.py"), "--device", "cpu",
+        [sys.executable, "-m", "benchmarks.http_overhead", "--device", "cpu",
          "--concurrency", "1,2", "--requests", "4", "--input-tokens", "32", "--output-tokens", "8",
          "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480", "--min-left-s", "20"],
         cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    recs = benchlib.load_jsonl([out])
+    recs = servers.load_jsonl([out])
     cells = {(r["way"], r["concurrency"]) for r in recs}
     assert cells == {(w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 2)}, proc.stdout[-4000:]
     for r in recs:
@@ -35,15 +34,15 @@ def test_http_overhead_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_gpu_reload_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
+def test_reload_under_load_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "reload.jsonl"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_reload.py"), "--device", "cpu",
+        [sys.executable, "-m", "benchmarks.reload_under_load", "--device", "cpu",
          "--concurrency", "2", "--output-tokens", "8", "--baseline-s", "4", "--settle-s", "3",
          "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480"],
         cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    recs = benchlib.load_jsonl([out])
+    recs = servers.load_jsonl([out])
     reloads = [r for r in recs if r["kind"] == "reload"]
     assert [r["strategy"] for r in reloads] == ["drain-swap", "blue-green"], proc.stdout[-4000:]
     for r in reloads:
@@ -57,7 +56,7 @@ def test_frontend_capacity_runs_two_trees_side_by_side(tmp_path: Path) -> None:
     """The scripted-engine capacity benchmark (no model, seconds): this tree twice, interleaved."""
     out = tmp_path / "capacity.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "frontend_capacity.py"), "--tree", f"a={ROOT}",
+        [sys.executable, "-m", "benchmarks.frontend_capacity", "--tree", f"a={ROOT}",
          "--tree", f"b={ROOT}", "--rounds", "2", "--concurrency", "4", "--requests", "16",
          "--output-tokens", "8", "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -71,10 +70,10 @@ def test_frontend_capacity_runs_two_trees_side_by_side(tmp_path: Path) -> None:
 
 def interleaved(tmp_path: Path, *args: str,
                 deadline_s: int = 800) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
-    """benchmarks/http_interleaved.py on the CPU, all files under tmp_path: (process, results, document)."""
+    """`python -m benchmarks.http_interleaved` on the CPU, all files under tmp_path: (process, results, document)."""
     out, doc = tmp_path / "results.jsonl", tmp_path / "results.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "http_interleaved.py"), "--device", "cpu", *args,
+        [sys.executable, "-m", "benchmarks.http_interleaved", "--device", "cpu", *args,
          "--out", str(out), "--doc", str(doc), "--workdir", str(tmp_path / "work"), "--deadline-s", str(deadline_s)],
         cwd=ROOT, capture_output=True, text=True, timeout=deadline_s + 100)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -86,7 +85,7 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     """Three engines up at once, every cell interleaving the ways; medians, ratios, client check."""
     proc, out, doc = interleaved(tmp_path, "--concurrency", "1,4", "--repeats", "2", "--requests", "4",
                                  "--input-tokens", "32", "--output-tokens", "8", "--loadtest-workers", "2")
-    recs = benchlib.load_jsonl([out])
+    recs = servers.load_jsonl([out])
     timed = [r for r in recs if not r.get("client_check")]
     assert sorted((r["way"], r["concurrency"], r["repeat"]) for r in timed) == sorted(
         (w, c, rep) for w in ("inproc", "gateway", "vllm") for c in (1, 4) for rep in (0, 1))
@@ -99,7 +98,7 @@ def test_http_interleaved_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     assert {(r["way"], r["concurrency"]) for r in summary if r["repeats"] == 2} == {
         (w, c) for w in ("inproc", "gateway", "vllm") for c in (1, 4)}
     assert "| 4 | gateway (loadtest) | 2 |" in proc.stdout
-    # engine_side.py: every way read the engine core's own per-token interval and its CPU
+    # lib/engine_side.py: every way read the engine core's own per-token interval and its CPU
     assert all(r["engine_itl_ms"] > 0 and r["engine_tokens_per_step"] >= 1 and r["engine_cpu_cores"] > 0
                for r in timed), [(r["way"], r.get("engine_itl_ms"), r.get("engine_cpu_cores")) for r in timed]
     assert all(r["client_cpu_cores"] > 0 for r in timed if r["way"] != "inproc")
@@ -113,7 +112,7 @@ def test_http_interleaved_text_prompts_cpu_smoke(model_dir: Path, tmp_path: Path
                                  "--repeats", "1", "--requests", "4", "--input-tokens", "64", "--output-tokens", "8",
                                  "--loadtest-workers", "1", deadline_s=900)
     assert "the in-process way is left out" in proc.stdout
-    recs = benchlib.load_jsonl([out])
+    recs = servers.load_jsonl([out])
     timed = [r for r in recs if not r.get("client_check")]
     assert sorted(r["way"] for r in timed) == ["gateway", "vllm"], proc.stdout[-4000:]
     for r in recs:
@@ -133,7 +132,7 @@ def test_http_interleaved_api_server_ways_cpu_smoke(model_dir: Path, tmp_path: P
     proc, out, _ = interleaved(tmp_path, "--ways", "vllm,vllm2", "--concurrency", "2", "--repeats", "1",
                                "--requests", "4", "--input-tokens", "32", "--output-tokens", "8",
                                "--loadtest-workers", "1", "--no-client-check")
-    recs = benchlib.load_jsonl([out])
+    recs = servers.load_jsonl([out])
     assert sorted(r["way"] for r in recs) == ["vllm", "vllm2"], proc.stdout[-4000:]
     assert all(r["failed"] == 0 and r["total_output_tokens"] == 4 * 8 for r in recs), recs
     log = (tmp_path / "work" / "vllm2.log").read_text(errors="replace")
@@ -146,11 +145,11 @@ def test_dummy_outputs_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
     """The real CPU engine with dummy weights: the tool counts and replays what it generated."""
     out = tmp_path / "dummy.json"
     # pytest's tmp paths are too long for vLLM's IPC sockets: rpc_dir falls back to a short one
-    env = benchlib.clean_env({"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "TMPDIR": str(tmp_path),
-                              "VLLM_RPC_BASE_PATH": str(benchlib.rpc_dir(tmp_path, "run")),
+    env = servers.clean_env({"VLLM_CACHE_ROOT": str(tmp_path / "cache"), "TMPDIR": str(tmp_path),
+                              "VLLM_RPC_BASE_PATH": str(servers.rpc_dir(tmp_path, "run")),
                               "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"})
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dummy_outputs.py"), "--device", "cpu", "--model", str(model_dir),
+        [sys.executable, "-m", "benchmarks.experiments.dummy_outputs", "--device", "cpu", "--model", str(model_dir),
          "--prompts", "2", "--input-tokens", "32", "--output-tokens", "16", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

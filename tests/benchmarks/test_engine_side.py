@@ -1,4 +1,5 @@
-"""benchmarks/engine_side.py (engine-stamped histograms and CPU shares per cell) and gc_pauses.py's table; no engine."""
+"""benchmarks/lib/engine_side.py (engine-stamped histograms and CPU shares per cell) and lib/gc_report.py (the
+GC-pauses experiment's table); no engine."""
 
 from __future__ import annotations
 
@@ -6,12 +7,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import engine_side  # noqa: E402
+from benchmarks.lib import engine_side, gc_report
 
 EXPOSITION = """# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
 # TYPE vllm:inter_token_latency_seconds histogram
@@ -75,33 +72,29 @@ def test_cpu_meter_counts_the_frontend_its_children_and_reaped_clients() -> None
 
 
 def test_gc_pauses_table_compares_pause_time_per_thousand_requests() -> None:
-    import gc_pauses
-
     def rec(way: str, full: int, ms: float) -> dict:
         return {"way": way, "completed": 500, "gc_full_collections": full, "gc_pause_ms": ms,
                 "ttft_p99_ms": 80.0, "output_token_throughput": 900.0}
 
-    rows = {r["way"]: r for r in gc_pauses.summarize(
+    rows = {r["way"]: r for r in gc_report.summarize(
         [rec("frozen", 3, 3.0), rec("unfrozen", 1, 240.0), rec("frozen", 1, 1.0), rec("unfrozen", 0, 0.0)])}
     assert rows["frozen"]["pause_ms_per_1k_requests"] == 4.0 and rows["frozen"]["pause_ms_mean"] == 1.0
     assert rows["unfrozen"]["pause_ms_per_1k_requests"] == 240.0 and rows["unfrozen"]["full_collections"] == 1
-    assert "| unfrozen | 2 | 1000 | 1 | 240 | 240 | 240 | 80.0 | 900 |" in gc_pauses.table(list(rows.values()))
-    assert gc_pauses.GC_SAMPLE.findall("gateway_gc_full_collection_seconds_count 3.0\n"
+    assert "| unfrozen | 2 | 1000 | 1 | 240 | 240 | 240 | 80.0 | 900 |" in gc_report.table(list(rows.values()))
+    assert gc_report.GC_SAMPLE.findall("gateway_gc_full_collection_seconds_count 3.0\n"
                                        "gateway_gc_full_collection_seconds_sum 0.25\n") == [("count", "3.0"),
                                                                                           ("sum", "0.25")]
 
 
 def test_gc_pauses_counts_stalls_in_the_streams_of_a_loadtest_cell() -> None:
-    import gc_pauses
-
-    ramp = [0.9] * gc_pauses.RAMP_TOKENS  # other requests' prefills: not a stall
+    ramp = [0.9] * gc_report.RAMP_TOKENS  # other requests' prefills: not a stall
     requests = [{"itl_s": ramp + [0.01, 0.48, 0.01, 0.31]}, {"itl_s": ramp + [0.01, 0.02]}, {"itl_s": None}]
-    assert gc_pauses.stream_gaps(requests) == {"max_token_gap_ms": 480.0, "token_gaps_over_stall": 2,
+    assert gc_report.stream_gaps(requests) == {"max_token_gap_ms": 480.0, "token_gaps_over_stall": 2,
                                                "requests_with_stall": 1}
-    rows = gc_pauses.summarize([{"way": "unfrozen", "completed": 3, "gc_full_collections": 1, "gc_pause_ms": 470.0,
+    rows = gc_report.summarize([{"way": "unfrozen", "completed": 3, "gc_full_collections": 1, "gc_pause_ms": 470.0,
                                  "ttft_p99_ms": 80.0, "output_token_throughput": 900.0,
-                                 **gc_pauses.stream_gaps(requests)}])
-    assert gc_pauses.table(rows).splitlines()[-1].endswith("| 480 | 1 |")
+                                 **gc_report.stream_gaps(requests)}])
+    assert gc_report.table(rows).splitlines()[-1].endswith("| 480 | 1 |")
 
 
 def test_cell_meter_reads_before_and_after_and_merges_cpu() -> None:

@@ -1,4 +1,5 @@
-"""The engine-profile benchmark's driver without vLLM: repeats, and a table of medians with spreads."""
+"""The engine-profile benchmark's driver without vLLM (`python -m benchmarks.profiles --dry-run`):
+repeats, and a table of medians with spreads (benchmarks/lib/profiles_report.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib import profiles_report
 
-import profiles  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rec(profile: str, workload: str, tok_s: float, repeat: int = 0) -> dict:
@@ -21,7 +21,7 @@ def test_table_shows_median_spread_and_ratio_of_medians() -> None:
     recs = [_rec("defaults", "decode_256x512_256", v, i) for i, v in enumerate((10_000, 12_000, 11_000))]
     recs += [_rec("no_prefix_cache_32k", "decode_256x512_256", v, i) for i, v in enumerate((13_200, 9_000, 14_000))]
     recs += [_rec("no_prefix_cache_32k", "single_1x1024_256", 280.0)]
-    lines = profiles.table(recs).splitlines()
+    lines = profiles_report.table(recs).splitlines()
     assert lines[0] == "| profile | decode_256x512_256 | single_1x1024_256 |"
     assert lines[2] == "| defaults | 11.00k (10.00k-12.00k) | - |"
     # 13.2k / 11k: the ratio is of medians, not of best runs
@@ -31,10 +31,10 @@ def test_table_shows_median_spread_and_ratio_of_medians() -> None:
 def test_dry_run_writes_one_line_per_repeat(tmp_path: Path) -> None:
     out = tmp_path / "dry.jsonl"
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "profiles.py"), "--dry-run", "--repeats", "3",
+        [sys.executable, "-m", "benchmarks.profiles", "--dry-run", "--repeats", "3",
          "--profiles", "defaults,no_prefix_cache_32k_512seqs", "--workloads", "decode_32x512_256,prefill_4x1024_1",
          "--out", str(out), "--deadline-s", "60", "--min-left-s", "1"],
-        capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert run.returncode == 0, run.stderr
     recs = [json.loads(line) for line in out.read_text().splitlines()]

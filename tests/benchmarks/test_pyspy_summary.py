@@ -1,15 +1,16 @@
-"""benchmarks/pyspy_summary.py on a hand-made collapsed-stack file (py-spy --format raw --threads)."""
+"""benchmarks/lib/pyspy.py on a hand-made collapsed-stack file (py-spy --format raw --threads), and
+the summary tool that prints it (`python -m benchmarks.experiments.pyspy_summary`)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib import pyspy
 
-import pyspy_summary  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 LOOP = ("thread (100): MainThread;<module> (server/__main__.py:5);run (asyncio/runners.py:190);"
         "BaseEventLoop._run_once (asyncio/base_events.py:1922)")
@@ -33,7 +34,7 @@ COLLAPSED = "\n".join([
 
 
 def test_summary_counts_self_inclusive_groups_and_threads(tmp_path: Path) -> None:
-    prof = pyspy_summary.parse(COLLAPSED)
+    prof = pyspy.parse(COLLAPSED)
     assert prof.total == 140 and prof.skipped_lines == 1
     assert prof.threads["thread (100): MainThread"] == 108 and prof.thread_idle["thread (100): MainThread"] == 50
     assert prof.thread_idle["thread (102): ThreadPoolExecutor-0_0"] == 30  # an idle pool worker waits
@@ -43,14 +44,14 @@ def test_summary_counts_self_inclusive_groups_and_threads(tmp_path: Path) -> Non
     assert prof.self_fn["stream (server/serving/completions.py)"] == 5
     assert prof.incl_fn["stream (server/serving/completions.py)"] == 20
     assert prof.incl_fn["BaseEventLoop._run_once (asyncio/base_events.py)"] == 98  # once per stack
-    assert prof.self_group[pyspy_summary.WAITING] == 80
+    assert prof.self_group[pyspy.WAITING] == 80
     assert prof.self_group["tokenizer / detokenizer"] == 22 and prof.self_group["vllm output processor"] == 10
     assert prof.self_group["pydantic"] == 15 and prof.self_group["gateway code"] == 5
     assert prof.self_group["uvicorn"] == 8
     assert prof.incl_group["gateway code"] == 108 and prof.incl_group["asyncio"] == 108
-    assert pyspy_summary.group_of("send (uvicorn/server.py:1)") == "uvicorn"  # not the gateway's server/
+    assert pyspy.group_of("send (uvicorn/server.py:1)") == "uvicorn"  # not the gateway's server/
 
-    text = pyspy_summary.report(prof, top=3, window_samples=100)
+    text = pyspy.report(prof, top=3, window_samples=100)
     assert "samples: 140 (80 waiting: selector, uvloop in C, idle pool threads; 60 busy)" in text
     assert "MainThread  [busy 58% of the window]" in text  # (108 - 50) / 100
     assert "ThreadPoolExecutor-0_0  [busy 0% of the window]" in text
@@ -59,13 +60,15 @@ def test_summary_counts_self_inclusive_groups_and_threads(tmp_path: Path) -> Non
     assert "EpollSelector.select" in self_rows[0] and "_worker" in self_rows[1]
     assert "IncrementalDetokenizer.update" in self_rows[2] and "33.3%" in self_rows[2]  # 20 of 60 busy
 
-    only_main = pyspy_summary.parse(COLLAPSED, "MainThread")
+    only_main = pyspy.parse(COLLAPSED, "MainThread")
     assert only_main.total == 108 and len(only_main.threads) == 1
 
     out, ss = tmp_path / "s.txt", tmp_path / "s.json"
     (tmp_path / "c.txt").write_text(COLLAPSED)
-    assert pyspy_summary.main([str(tmp_path / "c.txt"), "--top", "5", "--out", str(out), "--speedscope", str(ss),
-                               "--rate", "100", "--duration-s", "1"]) == 0
+    run = subprocess.run([sys.executable, "-m", "benchmarks.experiments.pyspy_summary", str(tmp_path / "c.txt"),
+                          "--top", "5", "--out", str(out), "--speedscope", str(ss), "--rate", "100", "--duration-s", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
     assert "MainThread only" in out.read_text()
     doc = json.loads(ss.read_text())
     assert [p["name"] for p in doc["profiles"]] == ["thread (100): MainThread", "thread (102): ThreadPoolExecutor-0_0",

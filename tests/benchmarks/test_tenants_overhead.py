@@ -1,5 +1,5 @@
-"""benchmarks/tenants_overhead.py: its aggregation, and a short real run of the scripted part
-(real uvicorn servers and redis-server; seconds, no model)."""
+"""benchmarks/tenants_overhead.py: its aggregation (benchmarks/lib/tenants_report.py), and a short real
+run of the scripted part (real uvicorn servers and redis-server; seconds, no model)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.lib import tenants_report as to
 
-import tenants_overhead as to  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def block(rnd: int, way: str, kind: str, latency: float, cpu: float) -> dict:
@@ -55,7 +54,7 @@ def test_vllm_summary_checks_the_issue_goals() -> None:
 def test_a_short_scripted_run_measures_every_way(tmp_path: Path) -> None:
     out = tmp_path / "overhead.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tenants_overhead.py"), "--engine", "scripted", "--rounds", "2",
+        [sys.executable, "-m", "benchmarks.tenants_overhead", "--engine", "scripted", "--rounds", "2",
          "--requests", "3", "--warmup", "1", "--workdir", str(tmp_path / "work"), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

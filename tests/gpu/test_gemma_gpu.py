@@ -1,7 +1,7 @@
 """GPU only: the gateway on the shipped H200 profiles with Gemma 4 E2B's real shapes.
 
 Dummy weights (`load_format: dummy`, the weights cannot be fetched) and the synthetic byte-level
-tokenizer of benchmarks/synth_tokenizer.py. Skipped on machines without an NVIDIA GPU
+tokenizer of benchmarks/fixtures/synth_tokenizer.py. Skipped on machines without an NVIDIA GPU
 (tests/conftest.py); on the device machine, with vLLM 0.26 staged as in ../shared/gpu:
 
     PYTHONPATH=/tmp/site:$PWD python3 -m pytest tests/gpu -q
@@ -10,18 +10,17 @@ tokenizer of benchmarks/synth_tokenizer.py. Skipped on machines without an NVIDI
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from benchmarks.fixtures import synth_tokenizer
+from benchmarks.lib import servers
 from tests.conftest import ROOT, ServerProcess, engine_core_processes, start_gateway
 
 pytestmark = pytest.mark.gpu
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PROFILES = {
     "prefill": (ROOT / "configs" / "gemma4-e2b-h200.yaml", True),
@@ -35,14 +34,11 @@ EXPECTED_EXIT: dict[str, int] = {}  # profile -> the gateway's exit code, when n
 
 @pytest.fixture(scope="module", params=sorted(PROFILES))
 def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
-    import benchlib
-    import synth_tokenizer
-
     tmp = tmp_path_factory.mktemp(f"gemma-{request.param}")
-    model = synth_tokenizer.build(benchlib.gpu_model_dir(tmp / "model"))
+    model = synth_tokenizer.build(servers.gpu_model_dir(tmp / "model"))
     config, _ = PROFILES[request.param]
-    settings = benchlib.effective_settings(config, benchlib.device_overrides("gpu", tmp, model))
-    profile = benchlib.write_settings(settings, tmp / "profile.yaml")
+    settings = servers.effective_settings(config, servers.device_overrides("gpu", tmp, model))
+    profile = servers.write_settings(settings, tmp / "profile.yaml")
     server = start_gateway(tmp, config=profile, extra_args=["--state-dir", str(tmp / "state")],
                            env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(STALL_S)})
     yield server, request.param

@@ -5,15 +5,12 @@ does with Gemma 4's call syntax, checked on the CPU with vLLM 0.26 and 0.32 (no 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.fixtures import synth_tokenizer
 from server.engine.tool_parsing import VllmToolCallParser, tool_choice_json_schema
-from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -24,7 +21,6 @@ CALL = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3}<tool_call|>'
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    import synth_tokenizer
     from vllm.tokenizers import get_tokenizer
 
     out: Path = synth_tokenizer.build(tmp_path_factory.mktemp("gemma") / "m", vocab_size=20000)

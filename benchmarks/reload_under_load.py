@@ -4,7 +4,7 @@ reloads of the gateway while a steady closed-loop load runs, count failed reques
 the generation pause (in-place) and the longest wait a request saw.
 
 With `in-place` among the strategies the gateway serves real weights from disk, in two versions:
-on the GPU two random checkpoints in Gemma 4 E2B's layout (random_weights.py, seeds 1 and 2), on
+on the GPU two random checkpoints in Gemma 4 E2B's layout (fixtures/random_weights.py, seeds 1 and 2), on
 the CPU the embedded model and its `--second-version`. Before the load starts, a correctness check
 without load: the greedy answer of the fresh engine on version 1, an in-place swap to version 2
 and its answer (must differ), an in-place swap back and its answer (must equal the fresh one).
@@ -13,7 +13,7 @@ engine on the version serving (so a later greedy answer on a fresh engine can be
 
 The gateway starts from one effective profile (--config plus overrides, written to
 WORKDIR/profile.yaml; on the GPU `engine.gpu_memory_utilization` 0.45 so two engines fit for
-blue-green, the dummy-weight Gemma 4 E2B with the synthetic tokenizer of synth_tokenizer.py).
+blue-green, the dummy-weight Gemma 4 E2B with the synthetic tokenizer of fixtures/synth_tokenizer.py).
 `--concurrency` workers send streaming /v1/completions requests back to back (token-id prompts,
 fixed output length, loadtest's own request code: loadtest.client.send_request) from before the
 first reload until `--settle-s` after the last. Each reload is `POST /admin/reload` with body
@@ -25,11 +25,11 @@ One JSON line per reload (server and client view: duration, requests in flight o
 the reload, failed, max TTFT and max E2E among them, against the baseline before the first
 reload) plus one line for the whole run, appended as soon as known.
 
-    # GPU (vLLM 0.26 on PYTHONPATH, see benchmarks/gpu/part3.sh)
-    python3 benchmarks/gpu_reload.py --deadline-s 540 --out $OUT/part3.jsonl --workdir $OUT/work3
+    # GPU (vLLM 0.26 on PYTHONPATH, see benchmarks/device/reload-under-load.sh)
+    python3 -m benchmarks.reload_under_load --deadline-s 540 --out $OUT/part3.jsonl --workdir $OUT/work3
     # CPU smoke: one reload of each strategy with the embedded model (two small engines for blue-green)
-    .venv/bin/python benchmarks/gpu_reload.py --device cpu --concurrency 2 --output-tokens 16 --out /tmp/r.jsonl
-    python3 benchmarks/gpu_reload.py --table benchmarks/results/2026-11-29-cpu-reload-smoke.json
+    .venv/bin/python -m benchmarks.reload_under_load --device cpu --concurrency 2 --output-tokens 16 --out /tmp/r.jsonl
+    python3 -m benchmarks.reload_under_load --table benchmarks/results/2026-11-29-cpu-reload-smoke.json
 """
 
 from __future__ import annotations
@@ -44,85 +44,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-from benchlib import ROOT  # noqa: E402
+from benchmarks.fixtures import random_weights, synth_tokenizer
+from benchmarks.lib import servers
+from benchmarks.lib.reload_report import baseline_stats, max_ms, table, window_stats
+from benchmarks.lib.servers import ROOT
 
 STRATEGIES = ("drain-swap", "blue-green")
 NO_PREFETCH = "in-place-no-prefetch"  # in-place with reload.in_place_prefetch off, for comparison
 PROBE = {"prompt": [(i * 7919) % 4093 + 10 for i in range(64)], "max_tokens": 32, "temperature": 0,
          "ignore_eos": True}
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    from loadtest.metrics import percentile
-
-    return None if not values else round(percentile(values, q) * 1000.0, 1)
-
-
-def _mx(values: list[float]) -> float | None:
-    return None if not values else round(max(values) * 1000.0, 1)
-
-
-def window_stats(reqs: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
-    """Requests that overlap [t0, t1] (in flight at some point of it, or sent during it).
-
-    Each request is a dict with sent_s, latency_s, ttft_s (seconds, same clock as t0/t1), ok, error.
-    """
-    hit = [r for r in reqs if r["sent_s"] <= t1 and r["sent_s"] + (r.get("latency_s") or 0.0) >= t0]
-    ok = [r for r in hit if r["ok"]]
-    errors: dict[str, int] = {}
-    for r in hit:
-        if not r["ok"]:
-            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
-            errors[key] = errors.get(key, 0) + 1
-    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
-    e2e = [r["latency_s"] for r in hit if r.get("latency_s") is not None]
-    return {
-        "requests": len(hit), "sent_during": sum(1 for r in hit if r["sent_s"] >= t0),
-        "failed": len(hit) - len(ok), "errors": errors,
-        "max_ttft_ms": _mx(ttft), "p50_ttft_ms": _pct(ttft, 50), "max_e2e_ms": _mx(e2e),
-    }
-
-
-def baseline_stats(reqs: list[dict[str, Any]], before: float) -> dict[str, Any]:
-    done = [r for r in reqs if r["sent_s"] + (r.get("latency_s") or 0.0) < before]
-    ok = [r for r in done if r["ok"]]
-    ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
-    e2e = [r["latency_s"] for r in ok if r.get("latency_s") is not None]
-    return {"requests": len(done), "failed": len(done) - len(ok), "p50_ttft_ms": _pct(ttft, 50),
-            "p99_ttft_ms": _pct(ttft, 99), "max_ttft_ms": _mx(ttft), "p50_e2e_ms": _pct(e2e, 50),
-            "max_e2e_ms": _mx(e2e)}
-
-
-def table(recs: list[dict[str, Any]]) -> str:
-    f = benchlib.fmt_num
-    lines = ["| strategy | outcome | reload (server) s | generation paused s | reload (client) s | requests in window | "
-             "failed | queued / aborted / kept | max queue wait s | max TTFT ms | max E2E ms | baseline p50 / max TTFT ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in recs:
-        if r.get("bench") != "gpu_reload" or r.get("kind") != "reload":
-            continue
-        srv, win, base = r.get("server") or {}, r.get("window") or {}, r.get("baseline") or {}
-        lines.append(
-            f"| {r['strategy']} | {srv.get('outcome', r.get('http_status'))} | {f(srv.get('duration_s'))} | "
-            f"{f(srv.get('pause_s'))} | {f(r.get('client_duration_s'))} | {win.get('requests', '-')} | "
-            f"{win.get('failed', '-')} | {srv.get('queued', '-')} / {srv.get('aborted', '-')} / {srv.get('kept', '-')} | "
-            f"{f(srv.get('max_queue_wait_s'))} | "
-            f"{f(win.get('max_ttft_ms'))} | {f(win.get('max_e2e_ms'))} | "
-            f"{f(base.get('p50_ttft_ms'))} / {f(base.get('max_ttft_ms'))} |")
-    for r in recs:
-        if r.get("bench") == "gpu_reload" and r.get("kind") == "correctness":
-            lines.append("")
-            lines.append(f"Greedy answers ({r['check']}): {'equal' if r['equal'] else 'DIFFERENT'} "
-                         f"({r['detail']}).")
-    for r in recs:
-        if r.get("bench") == "gpu_reload" and r.get("kind") == "run":
-            lines.append("")
-            lines.append(f"Whole run ({r.get('label', '')}): {r['requests']} requests, {r['failed']} failed"
-                         f" ({r.get('errors') or 'no errors'}), longest TTFT {f(r.get('max_ttft_ms'))} ms, "
-                         f"longest E2E {f(r.get('max_e2e_ms'))} ms, gateway start {f(r.get('gateway_start_s'))} s.")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------- run
@@ -151,7 +81,7 @@ async def greedy(admin: Any, base_url: str, model: str) -> str:
 def correctness(check: str, equal: bool, detail: str, common: dict[str, Any]) -> dict[str, Any]:
     print(f"[check] {check}: {'equal' if equal else 'DIFFERENT'} ({detail})", flush=True)
     return {"bench": "gpu_reload", "kind": "correctness", "check": check, "equal": equal, "detail": detail,
-            "time": benchlib.now_utc(), **common}
+            "time": servers.now_utc(), **common}
 
 
 async def check_in_place(admin: Any, base_url: str, model: str, versions: list[str], out: Path,
@@ -166,7 +96,7 @@ async def check_in_place(admin: Any, base_url: str, model: str, versions: list[s
             raise RuntimeError(f"in-place reload to {target} failed: HTTP {status} {json.dumps(body)[:600]}")
         pauses.append(body.get("pause_s"))
         answers.append(await greedy(admin, base_url, model))
-    benchlib.append_jsonl(out, correctness(
+    servers.append_jsonl(out, correctness(
         "fresh engine on v1 vs in-place v1 -> v2 -> v1", answers[1] == fresh_v1,
         f"v2 answer differs from v1: {answers[0] != fresh_v1}; pauses without load {pauses} s "
         "(prefetched, then not)", common))
@@ -240,8 +170,8 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
                    "server": server, "client_duration_s": round(t1 - t0, 3),
                    "reload_start_s": round(t0, 3), "reload_end_s": round(t1, 3),
                    "window": window_stats(reqs, t0, t1), "baseline": baseline_stats(reqs, first_reload_at),
-                   "time": benchlib.now_utc(), **common}
-            benchlib.append_jsonl(out, rec)
+                   "time": servers.now_utc(), **common}
+            servers.append_jsonl(out, rec)
             print(f"[reload] {strategy}: window {rec['window']}", flush=True)
         stop.set()
         done, pending = await asyncio.wait(workers, timeout=max(5.0, t_end - time.monotonic()))
@@ -249,7 +179,7 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
             task.cancel()
         if versions and restarted_on_v2 and in_place_v2 is not None:
             fresh_v2 = await greedy(admin, base_url, model)
-            benchlib.append_jsonl(out, correctness("in-place swap to v2 vs an engine restarted on v2",
+            servers.append_jsonl(out, correctness("in-place swap to v2 vs an engine restarted on v2",
                                                    fresh_v2 == in_place_v2, "no load during either answer", common))
     reqs = as_dicts()
     ok = [r for r in reqs if r["ok"]]
@@ -259,10 +189,10 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
             key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
             errors[key] = errors.get(key, 0) + 1
     run = {"bench": "gpu_reload", "kind": "run", "requests": len(reqs), "failed": len(reqs) - len(ok),
-           "errors": errors, "max_ttft_ms": _mx([r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
-           "max_e2e_ms": _mx([r["latency_s"] for r in reqs if r["latency_s"] is not None]),
-           "duration_s": round(now(), 1), "time": benchlib.now_utc(), **common}
-    benchlib.append_jsonl(out, run)
+           "errors": errors, "max_ttft_ms": max_ms([r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
+           "max_e2e_ms": max_ms([r["latency_s"] for r in reqs if r["latency_s"] is not None]),
+           "duration_s": round(now(), 1), "time": servers.now_utc(), **common}
+    servers.append_jsonl(out, run)
     if a.requests_out:
         a.requests_out.write_text(json.dumps(reqs) + "\n")
 
@@ -270,8 +200,6 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
 def weight_versions(gpu: bool, workdir: Path, synth: Path | None) -> list[str]:
     """Two versions of one model on disk: random E2B checkpoints (GPU) or the embedded model's two."""
     if gpu:
-        import random_weights
-
         assert synth is not None
         # Version 1 goes into the synthetic model directory itself: the engine then starts from the
         # path the other GPU tools use with dummy weights, and finds their compile cache.
@@ -285,7 +213,7 @@ def weight_versions(gpu: bool, workdir: Path, synth: Path | None) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchlib.add_profile_args(ap, "profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 "
+    servers.add_profile_args(ap, "profile override (repeatable); defaults: engine.gpu_memory_utilization=0.45 "
                               "on gpu, engine.kv_cache_memory_bytes=268435456 on cpu")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help=f"in order, comma-separated: drain-swap, blue-green, in-place, {NO_PREFETCH}")
@@ -298,7 +226,7 @@ def main() -> None:
     ap.add_argument("--settle-s", type=float, default=None, help="load after each reload (10 gpu, 6 cpu)")
     ap.add_argument("--request-timeout-s", type=float, default=300.0)
     ap.add_argument("--reload-timeout-s", type=float, default=400.0)
-    ap.add_argument("--out", type=Path, default=Path("gpu_reload.jsonl"))
+    ap.add_argument("--out", type=Path, default=Path("reload_under_load.jsonl"))
     ap.add_argument("--requests-out", type=Path, default=None, help="every request's timings (JSON)")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--deadline-s", type=float, default=540.0)
@@ -309,7 +237,7 @@ def main() -> None:
     ap.add_argument("--table", nargs="*", type=Path, help="print the table from result files and exit")
     a = ap.parse_args()
     if a.table is not None:
-        print(table(benchlib.load_jsonl(a.table)))
+        print(table(servers.load_jsonl(a.table)))
         return
     gpu = a.device == "gpu"
     for name, g, c in (("concurrency", 32, 2), ("input_tokens", 512, 64), ("output_tokens", 256, 16),
@@ -318,25 +246,23 @@ def main() -> None:
             setattr(a, name, g if gpu else c)
 
     t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="gpu-reload-"))).resolve()
+    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="reload-under-load-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     a.out = a.out.resolve()
-    config = a.config or (benchlib.GPU_CONFIG if gpu else benchlib.CPU_CONFIG)
+    config = a.config or (servers.GPU_CONFIG if gpu else servers.CPU_CONFIG)
     synth = None
     if gpu:
-        import synth_tokenizer
-
-        synth = synth_tokenizer.build(benchlib.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
+        synth = synth_tokenizer.build(servers.gpu_model_dir(workdir / "gemma-4-e2b-synth"))
     defaults = ({"engine": {"gpu_memory_utilization": 0.45}} if gpu
                 else {"engine": {"kv_cache_memory_bytes": 268435456}})
-    overrides = benchlib.deep_merge(benchlib.deep_merge(benchlib.device_overrides(a.device, workdir, synth), defaults),
-                                    benchlib.parse_set(a.set))
+    overrides = servers.deep_merge(servers.deep_merge(servers.device_overrides(a.device, workdir, synth), defaults),
+                                    servers.parse_set(a.set))
     versions = None
     if any(s.startswith("in-place") for s in a.strategies.split(",")):
         versions = weight_versions(gpu, workdir, synth)
-        overrides = benchlib.deep_merge(overrides, {"engine": {"model": versions[0], "load_format": "auto"}})
-    settings = benchlib.effective_settings(config, overrides)
-    profile = benchlib.write_settings(settings, workdir / "profile.yaml")
+        overrides = servers.deep_merge(overrides, {"engine": {"model": versions[0], "load_format": "auto"}})
+    settings = servers.effective_settings(config, overrides)
+    profile = servers.write_settings(settings, workdir / "profile.yaml")
     if a.vocab_size is None:
         a.vocab_size = int(json.loads((Path(settings.model_path()) / "config.json").read_text())["vocab_size"])
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
@@ -346,15 +272,15 @@ def main() -> None:
               "input_tokens": a.input_tokens, "output_tokens": a.output_tokens,
               "reload_settings": settings.reload.model_dump(mode="json")}
 
-    port = benchlib.free_port()
+    port = servers.free_port()
     dirs = {"VLLM_RPC_BASE_PATH": workdir / "run", "TMPDIR": workdir / "tmp"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
-    env = benchlib.clean_env({k: str(v) for k, v in dirs.items()})
+    env = servers.clean_env({k: str(v) for k, v in dirs.items()})
     env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
     cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
     print(f"profile {profile}; starting: {' '.join(cmd)}", flush=True)
-    server = benchlib.start_server("gateway", cmd, workdir / "gateway.log", port, env)
+    server = servers.start_server("gateway", cmd, workdir / "gateway.log", port, env)
     try:
         start_s = server.wait_ready("/ready", max(1.0, t_end - time.monotonic() - a.min_left_s / 2))
         print(f"[gateway] ready in {start_s:.1f}s", flush=True)
@@ -364,13 +290,13 @@ def main() -> None:
         print(f"[gateway] failed: {str(exc)[:3000]}", flush=True)
     finally:
         server.stop(grace_s=30)
-    recs = [r for r in benchlib.load_jsonl([a.out]) if r.get("run_id") == run_id]
+    recs = [r for r in servers.load_jsonl([a.out]) if r.get("run_id") == run_id]
     print(table(recs), flush=True)
     if a.doc:
         meta = {"label": common["label"], "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
                 "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
                 "loadavg_at_end": list(os.getloadavg())}
-        print(f"wrote {benchlib.write_doc(a.doc, meta, recs)}", flush=True)
+        print(f"wrote {servers.write_doc(a.doc, meta, recs)}", flush=True)
 
 
 if __name__ == "__main__":

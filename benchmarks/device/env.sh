@@ -1,4 +1,4 @@
-# Sourced by part2.sh and part3.sh (from the repository root on the device machine): installs the
+# Sourced by the scripts in benchmarks/device/ (from the repository root on the device machine): installs the
 # staged vLLM bundle if this call carries its last part, checks the packages the gateway needs,
 # sets the environment, and computes $deadline (seconds left for the driver in this call).
 t0=$SECONDS

@@ -1,8 +1,9 @@
 """The in-process way of http_overhead.py: vLLM's AsyncLLM driven by loadtest's closed loop in this
-process, no HTTP. Runs as a child of http_overhead.py (`--child-inproc`), which passes the profile
-and writes the table; here only the engine and the loop. With `--cells-stdin` (http_interleaved.py)
-it runs one cell per line read, "<concurrency> <repeat>", and answers each with CELL_DONE, so the
-parent can interleave it with the HTTP ways while every engine stays up.
+process, no HTTP. Runs as a child of http_overhead.py (`python -m benchmarks.lib.inproc`, the
+command from ways.inproc_child_cmd), which passes the profile and writes the table; here only the
+engine and the loop. With `--cells-stdin` (http_interleaved.py) it runs one cell per line read,
+"<concurrency> <repeat>", and answers each with CELL_DONE, so the parent can interleave it with the
+HTTP ways while every engine stays up.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import benchlib
-import engine_side
-from http_overhead import CELL_DONE, requests_for, result_line, seed_for
+from benchmarks.lib import engine_side, servers
+from benchmarks.lib.ways import CELL_DONE, requests_for, result_line, seed_for
 
 
 def inproc_child(a: argparse.Namespace) -> None:
@@ -115,14 +115,14 @@ def inproc_child(a: argparse.Namespace) -> None:
             seed = seed_for(a.seed + 100 * rep, c)
             warm = random_specs(wl, c, seed + 1)  # loadtest's --warmup c uses seed + 1 too
             specs = random_specs(wl, n, seed)
-            # warm-up included, as in the HTTP ways' loadtest runs (engine_side.py)
+            # warm-up included, as in the HTTP ways' loadtest runs (lib/engine_side.py)
             meter = engine_side.CellMeter(os.getpid(), engine_side.local, count_clients=False)
             await closed_loop(warm, c, len(warm), f"w{c}")
             records, duration = await closed_loop(specs, c, n, f"r{c}")
             side = meter.stop()
             rec = result_line("inproc", c, summarize(records, duration), requests=n, warmup=c, repeat=rep,
                               engine_start_s=round(start_s, 1), vllm=vllm.__version__, **side, **json.loads(a.meta))
-            benchlib.append_jsonl(Path(a.out), rec)
+            servers.append_jsonl(Path(a.out), rec)
             print(f"[inproc] c={c}: {rec['request_throughput']:.2f} req/s, {rec['output_token_throughput']:.1f} "
                   f"out tok/s, TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms; "
                   f"{engine_side.brief(rec)}", flush=True)
@@ -132,3 +132,26 @@ def inproc_child(a: argparse.Namespace) -> None:
     asyncio.run(main())
     sys.stdout.flush()
     os._exit(0)  # skip engine teardown: the parent ends the process group
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", required=True, help="the effective gateway profile (YAML) of the run")
+    ap.add_argument("--out", required=True, help="result lines are appended here")
+    ap.add_argument("--concurrency", default="1,32,256", help="the cells to run (without --cells-stdin)")
+    ap.add_argument("--cells-stdin", action="store_true",
+                    help='read one cell per line, "<concurrency> <repeat>", and answer each with CELL_DONE')
+    ap.add_argument("--requests", type=int, default=None, help="requests per cell (default: ways.requests_for)")
+    ap.add_argument("--cell-output-tokens", type=int, default=0)
+    ap.add_argument("--input-tokens", type=int, default=512)
+    ap.add_argument("--output-tokens", type=int, default=256)
+    ap.add_argument("--vocab-size", type=int, required=True, help="prompt ids in [0, N)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--deadline-at", type=float, required=True, help="wall-clock time (time.time()) to stop by")
+    ap.add_argument("--min-left-s", type=float, default=90.0, help="skip a cell with less than a quarter of this left")
+    ap.add_argument("--meta", default="{}", help="JSON object stored in every result line")
+    inproc_child(ap.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -16,9 +16,9 @@ greedy, `ignore_eos`, detokenize off), counts the output ids that are special an
 on those outputs and on random ordinary ids of the same length (us per step, ratio).
 
     # on the device machine (vLLM staged), ~210 s on a fresh machine (enforce_eager, no compile):
-    python3 benchmarks/dummy_outputs.py --out $OUT/dummy-outputs.json
+    python3 -m benchmarks.experiments.dummy_outputs --out $OUT/dummy-outputs.json
     # CPU check with the embedded SmolLM2 and dummy weights:
-    .venv/bin/python benchmarks/dummy_outputs.py --device cpu --model .state/models/smollm2-135m-instruct \
+    .venv/bin/python -m benchmarks.experiments.dummy_outputs --device cpu --model .state/models/smollm2-135m-instruct \
         --prompts 4 --input-tokens 64 --output-tokens 32 --out /tmp/d.json
 """
 
@@ -28,30 +28,12 @@ import argparse
 import collections
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-
-def replay_us_per_step(tokenizer, prompts: list[list[int]], outputs: list[list[int]]) -> tuple[float, float]:  # noqa: ANN001
-    """Mean us per `DecodeStream.step` as vLLM primes and steps it, and the share of steps with no text."""
-    from tokenizers.decoders import DecodeStream
-
-    steps = silent = 0
-    start = time.perf_counter()
-    for prompt, out in zip(prompts, outputs):
-        stream = DecodeStream(ids=prompt, skip_special_tokens=True)
-        for token in out:
-            try:
-                text = stream.step(tokenizer, token)
-            except Exception:  # vLLM resets the stream on "invalid prefix"; count it as silent
-                stream, text = DecodeStream(skip_special_tokens=True), None
-            steps += 1
-            silent += not text
-    return (time.perf_counter() - start) / max(steps, 1) * 1e6, silent / max(steps, 1)
+from benchmarks.fixtures import synth_tokenizer
+from benchmarks.lib import servers
+from benchmarks.lib.detok_replay import replay_us_per_step
 
 
 def main() -> None:
@@ -67,10 +49,7 @@ def main() -> None:
 
     model = a.model
     if model is None:
-        import benchlib
-        import synth_tokenizer
-
-        model = str(synth_tokenizer.build(benchlib.gpu_model_dir(Path("/tmp/gemma-4-e2b-synth"))))
+        model = str(synth_tokenizer.build(servers.gpu_model_dir(Path("/tmp/gemma-4-e2b-synth"))))
     from vllm import LLM, SamplingParams, TokensPrompt
     import vllm
 

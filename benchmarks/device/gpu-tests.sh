@@ -1,6 +1,6 @@
 #!/bin/bash
 # tests/gpu on one H200, as one `run` call from the repository root on the device machine:
-#   run(command="PROFILES=prefill bash benchmarks/gpu/gpu-tests.sh", carry=[".gpu/install.sh", ".gpu/pN"])
+#   run(command="PROFILES=prefill bash benchmarks/device/gpu-tests.sh", carry=[".gpu/install.sh", ".gpu/pN"])
 # (the call with the last staged part, or a later call on the same warm machine). One profile per
 # call fits the 600 s limit with a cold compile (~3-4 min per engine start on a fresh machine).
 # Output under $OUT (a call returns at most 8 files, so logs travel packed):
@@ -10,7 +10,7 @@
 #   gpu.lock                     the installed closure of the gpu extra + vllm (requirements/freeze.py)
 # Knobs: PROFILES (prefill,decode -> pytest -k), PYTEST_ARGS.
 set -uo pipefail
-source benchmarks/gpu/device-env.sh
+source benchmarks/device/env.sh
 profiles=${PROFILES:-prefill,decode}
 tag=${profiles//,/-}
 base=/tmp/gpu-tests-$tag; rm -rf "$base"

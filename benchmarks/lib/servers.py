@@ -1,4 +1,4 @@
-"""Shared pieces of the HTTP benchmarks (http_overhead.py, gpu_reload.py): one effective gateway
+"""Shared pieces of the HTTP benchmarks (http_overhead.py, reload_under_load.py): one effective gateway
 profile written to a YAML file, servers started in their own process group and stopped with all
 their engine processes, JSON-lines result files.
 
@@ -12,25 +12,19 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from server.settings import deep_merge  # noqa: E402,F401  (the drivers use benchlib.deep_merge)
+
+from benchmarks.fixtures import synth_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIG = ROOT / "configs" / "gemma4-e2b-h200.yaml"
 CPU_CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
-GEMMA_CONFIG_DIR = HERE / "models" / "gemma-4-e2b-text"
-
-for path in (ROOT, HERE):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
-from profiles import wait_gpu_free  # noqa: E402,F401  (profiles.py stays standalone: stdlib + vLLM only)
-from server.settings import deep_merge  # noqa: E402,F401  (the drivers use benchlib.deep_merge)
 
 
 def now_utc() -> str:
@@ -71,7 +65,7 @@ def rpc_dir(workdir: Path, name: str) -> Path:
 
 def gpu_model_dir(default: Path) -> Path:
     """Where the GPU tools put the synthetic Gemma 4 E2B directory: `GPU_MODEL_DIR` (set by
-    benchmarks/gpu/device-env.sh), else `default`. vLLM's compile cache is keyed by the model
+    benchmarks/device/env.sh), else `default`. vLLM's compile cache is keyed by the model
     path (not the load format or memory share), so one path for the tests, part 2 and part 3
     lets every engine after the first on a machine start warm (~60 s instead of ~4 min)."""
     return Path(os.environ.get("GPU_MODEL_DIR") or default)
@@ -98,8 +92,6 @@ def gateway_profile(a: Any, config: Path, workdir: Path, defaults: dict[str, Any
     the merged overrides)."""
     synth = None
     if a.device == "gpu":
-        import synth_tokenizer
-
         synth = synth_tokenizer.build(gpu_model_dir(workdir / "gemma-4-e2b-synth"))
     overrides = deep_merge(deep_merge(device_overrides(a.device, workdir, synth), defaults or {}), parse_set(a.set))
     settings = effective_settings(config, overrides)

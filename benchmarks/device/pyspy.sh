@@ -1,8 +1,8 @@
 #!/bin/bash
-# Issue 14, goal 3: py-spy on the gateway process at c = 256 on one H200 (benchmarks/pyspy_gateway.py).
+# Issue 14, goal 3: py-spy on the gateway process at c = 256 on one H200 (benchmarks/experiments/pyspy_gateway.py).
 # Run from the repository root on the device machine, as one `run` call on a machine that already
-# has the vLLM bundle installed (a call that carried the .gpu parts, e.g. part2.sh, came first):
-#   run(command="bash benchmarks/gpu/pyspy.sh", carry=[".gpu/py-spy"])
+# has the vLLM bundle installed (a call that carried the .gpu parts, e.g. http-ways.sh, came first):
+#   run(command="bash benchmarks/device/pyspy.sh", carry=[".gpu/py-spy"])
 # or, on a fresh machine, with the bundle's parts as well: carry=[".gpu/install.sh", ".gpu/pN", ".gpu/py-spy"].
 # The device has no network: py-spy comes from the wheel in .gpu/py-spy (fetched here with
 #   pip download py-spy --only-binary=:all: --platform manylinux2014_x86_64 --python-version 312 -d .gpu/py-spy);
@@ -15,8 +15,8 @@
 # dump, profile, gateway and loadtest logs). If py-spy cannot attach (ptrace), it retries with --nonblocking
 # and the summary says what failed; the loadtest result is still written.
 # Knobs: CONCURRENCY (256), INPUT_TOKENS (512), OUTPUT_TOKENS (256), WORKERS (4), RECORD_S (25), SETTLE_S (15),
-# RATE (100), CALL_LIMIT_S (600), EXTRA (more pyspy_gateway.py flags).
-# DEVICE=cpu: a tiny run here with the embedded model (no device-env.sh; .venv's python, py-spy from
+# RATE (100), CALL_LIMIT_S (600), EXTRA (more pyspy_gateway flags).
+# DEVICE=cpu: a tiny run here with the embedded model (no env.sh; .venv's python, py-spy from
 # PY_SPY or .gpu/py-spy), to check the script end to end.
 set -uo pipefail
 t0=$SECONDS
@@ -28,7 +28,7 @@ if [ "${DEVICE:-gpu}" = cpu ]; then
             --output-tokens "${OUTPUT_TOKENS:-64}" --loadtest-workers "${WORKERS:-1}"
             --settle-s "${SETTLE_S:-6}" --record-s "${RECORD_S:-6}")
 else
-  source benchmarks/gpu/device-env.sh  # OUT, PYTHONPATH, GPU_MODEL_DIR, $deadline; exits if vLLM is missing
+  source benchmarks/device/env.sh  # OUT, PYTHONPATH, GPU_MODEL_DIR, $deadline; exits if vLLM is missing
   py=python3
   defaults=(--device gpu --concurrency "${CONCURRENCY:-256}" --input-tokens "${INPUT_TOKENS:-512}"
             --output-tokens "${OUTPUT_TOKENS:-256}" --loadtest-workers "${WORKERS:-4}"
@@ -46,7 +46,7 @@ if [ -z "$spy" ]; then
 fi
 spy=${spy:-$(command -v py-spy || echo py-spy)}
 echo "py-spy: $spy ($("$spy" --version 2>&1 | head -1))"
-"$py" benchmarks/pyspy_gateway.py "${defaults[@]}" --rate "${RATE:-100}" --py-spy "$spy" \
+"$py" -m benchmarks.experiments.pyspy_gateway "${defaults[@]}" --rate "${RATE:-100}" --py-spy "$spy" \
   --deadline-s "$deadline" --out-dir "$work/out" --workdir "$work" \
   --label "${DEVICE:-gpu} py-spy of the gateway, prefill profile, token-id prompts" ${EXTRA:-} 2>&1 | tee "$OUT/pyspy.log"
 cp "$work/out/summary.txt" "$OUT/pyspy-summary.txt" 2>/dev/null

@@ -22,8 +22,8 @@ Prints one PASS/FAIL line per check and writes the measurements as JSON (--out).
 private launch API directly, so it is a probe, not a gateway component (server/engine is the only
 place the gateway itself imports vLLM). Runs on vLLM 0.26 and 0.32:
 
-    .venv/bin/python benchmarks/multi_frontend_probe.py --clients 2 --out /tmp/probe-032.json
-    .venv-vllm026/bin/python benchmarks/multi_frontend_probe.py --clients 2 --out /tmp/probe-026.json
+    .venv/bin/python -m benchmarks.experiments.multi_frontend_probe --clients 2 --out /tmp/probe-032.json
+    .venv-vllm026/bin/python -m benchmarks.experiments.multi_frontend_probe --clients 2 --out /tmp/probe-026.json
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from multiprocessing.connection import wait as wait_for_sentinels
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def client_main(index: int, count: int, addresses: dict[str, str], engine_kwargs: dict[str, Any],
@@ -179,7 +179,6 @@ def main() -> int:
     # prometheus_client reads this when it is first imported (by vLLM, below).
     metrics_dir = tempfile.mkdtemp(prefix="probe-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    sys.path.insert(0, str(ROOT))
     from server.engine import engine_args_kwargs, prepare_engine_environment
     from server.engine.worker_extension import QUALNAME
     from server.settings import load_settings

@@ -2,9 +2,9 @@
 """py-spy on the gateway process under load (issue 14, goal 3: "profile the gateway on the GPU
 first, then decide").
 
-The gateway starts exactly as http_overhead.py's `gateway` way does (benchlib.gateway_profile:
+The gateway starts exactly as http_overhead.py's `gateway` way does (lib/servers.gateway_profile:
 the prefill profile with the synthetic Gemma model on the GPU, the embedded model on the CPU;
-http_overhead.start_http_server), then one `loadtest` run (token-id prompts, `--duration`, its own
+lib/ways.start_http_server), then one `loadtest` run (token-id prompts, `--duration`, its own
 warm-up of c requests, several client processes) keeps c streams in flight while py-spy samples
 the gateway process only (no `--subprocesses`: the engine core is vLLM's own, no `--native`):
 
@@ -13,15 +13,15 @@ the gateway process only (no `--subprocesses`: the engine core is vLLM's own, no
 3. the loadtest finishes; its result line (the same fields as http_overhead.py's) goes to
    OUT_DIR/pyspy.jsonl: py-spy pauses the process for each sample (unless nonblocking), so the
    throughput is that of a profiled gateway, not a benchmark number;
-4. benchmarks/pyspy_summary.py writes the top functions (self and inclusive) and the module groups
+4. benchmarks/lib/pyspy.py writes the top functions (self and inclusive) and the module groups
    to OUT_DIR/summary.txt and the same samples as OUT_DIR/gateway.speedscope.json.
 
 If py-spy fails (no ptrace permission in a container, say), it is retried with `--nonblocking`,
 and whatever failed is written at the top of summary.txt; the loadtest result is written anyway.
 
-    # GPU: benchmarks/gpu/pyspy.sh (py-spy carried from .gpu/py-spy)
+    # GPU: benchmarks/device/pyspy.sh (py-spy carried from .gpu/py-spy)
     # CPU, tiny
-    .venv/bin/python benchmarks/pyspy_gateway.py --device cpu --concurrency 4 --input-tokens 32 \\
+    .venv/bin/python -m benchmarks.experiments.pyspy_gateway --device cpu --concurrency 4 --input-tokens 32 \\
         --output-tokens 64 --record-s 5 --settle-s 4 --py-spy /tmp/tools/bin/py-spy --out-dir /tmp/pyspy
 """
 
@@ -36,12 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib  # noqa: E402
-import engine_side  # noqa: E402
-import http_overhead as ho  # noqa: E402
-import pyspy_summary  # noqa: E402
-from benchlib import ROOT  # noqa: E402
+from benchmarks.lib import engine_side, pyspy, servers
+from benchmarks.lib.servers import ROOT
+from benchmarks.lib.ways import client_workers, loadtest_cmd, result_line, start_http_server
 
 
 def run_pyspy(py_spy: str, args: list[str], timeout_s: float, notes: list[str], what: str) -> bool:
@@ -64,7 +61,7 @@ def run_pyspy(py_spy: str, args: list[str], timeout_s: float, notes: list[str], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    benchlib.add_profile_args(ap, "profile override, e.g. engine.max_num_seqs=256 (repeatable)")
+    servers.add_profile_args(ap, "profile override, e.g. engine.max_num_seqs=256 (repeatable)")
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--input-tokens", type=int, default=512)
     ap.add_argument("--output-tokens", type=int, default=256)
@@ -85,8 +82,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="pyspy-gateway-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    config = a.config or (benchlib.GPU_CONFIG if a.device == "gpu" else benchlib.CPU_CONFIG)
-    settings, profile, overrides = benchlib.gateway_profile(a, config, workdir)
+    config = a.config or (servers.GPU_CONFIG if a.device == "gpu" else servers.CPU_CONFIG)
+    settings, profile, overrides = servers.gateway_profile(a, config, workdir)
     notes: list[str] = [f"command: {' '.join(sys.argv)}", f"profile: {config.name} + {json.dumps(overrides)}"]
     meta = {"label": a.label or f"{a.device} py-spy run", "device": a.device, "profiled": True,
             "input_tokens": a.input_tokens, "output_tokens": a.output_tokens, "vocab_size": a.vocab_size}
@@ -95,7 +92,7 @@ def main() -> None:
     load = None
     result = None
     try:
-        server, start_s = ho.start_http_server("gateway", settings, profile, workdir, t_end)
+        server, start_s = start_http_server("gateway", settings, profile, workdir, t_end)
         notes.append(f"gateway pid {server.proc.pid}, ready in {start_s:.1f} s")
         # the loadtest outlasts py-spy: its warm-up and settle, the recording, the dump, a margin
         load_s = a.settle_s + a.record_s + 10.0  # counted after its warm-up, which adds margin
@@ -104,7 +101,7 @@ def main() -> None:
             load_s = max(5.0, left - 40)
             a.record_s = max(3.0, min(a.record_s, load_s - a.settle_s - 5))
             notes.append(f"deadline: load shortened to {load_s:.0f} s, recording to {a.record_s:.0f} s")
-        cmd = ho.loadtest_cmd(server.base_url, settings.served_model_name, a.concurrency, 0, a.concurrency,
+        cmd = loadtest_cmd(server.base_url, settings.served_model_name, a.concurrency, 0, a.concurrency,
                               a.input_tokens, a.output_tokens, a.vocab_size, a.seed, raw,
                               workers=a.loadtest_workers)
         i = cmd.index("-n")
@@ -114,7 +111,7 @@ def main() -> None:
         log = (workdir / "loadtest.log").open("a")
         # py-spy is a reaped child too, so the clients' CPU is not told apart here
         meter = engine_side.CellMeter(server.proc.pid, lambda: engine_side.scrape(server.base_url), False)
-        load = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=benchlib.clean_env(),
+        load = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=servers.clean_env(),
                                 start_new_session=True)
         time.sleep(a.settle_s)
         if load.poll() is not None:
@@ -137,14 +134,14 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             notes.append("the loadtest did not finish before the deadline: stopped")
         side = meter.stop()
-        notes.append("over the whole load, profiled (engine_side.py): "
+        notes.append("over the whole load, profiled (lib/engine_side.py): "
                      + ", ".join(f"{k} {v}" for k, v in side.items()))
         if load.returncode == 0 and raw.exists():
             summary = json.loads(raw.read_text())["runs"][0]["summary"]
-            result = ho.result_line("gateway", a.concurrency, summary, loadtest_workers=ho.client_workers(
+            result = result_line("gateway", a.concurrency, summary, loadtest_workers=client_workers(
                 a.concurrency, a.loadtest_workers), duration_asked_s=round(load_s), engine_start_s=round(start_s, 1),
                 **side, **meta)
-            benchlib.append_jsonl(out / "pyspy.jsonl", result)
+            servers.append_jsonl(out / "pyspy.jsonl", result)
             notes.append(f"loadtest (profiled, so slower than unprofiled): {result['completed']} requests, "
                          f"{result['output_token_throughput']:.0f} out tok/s, TTFT p50/p99 {result['ttft_p50_ms']}/"
                          f"{result['ttft_p99_ms']} ms, TPOT p50 {result['tpot_p50_ms']} ms, failed {result['failed']}, "
@@ -155,19 +152,19 @@ def main() -> None:
         notes.append(f"stopped: {type(exc).__name__}: {str(exc)[:2000]}")
     finally:
         if load is not None and load.poll() is None:
-            benchlib.stop_group(load, grace_s=5)
+            servers.stop_group(load, grace_s=5)
         if server is not None:
             server.stop(grace_s=30)
     text = "\n".join(notes) + "\n\n"
     if collapsed.exists() and collapsed.stat().st_size:
-        prof = pyspy_summary.parse(collapsed.read_text(errors="replace"))
+        prof = pyspy.parse(collapsed.read_text(errors="replace"))
         window = a.rate * a.record_s
-        text += pyspy_summary.report(prof, 25, window)
+        text += pyspy.report(prof, 25, window)
         main_label = next((lb for lb in prof.threads if "MainThread" in lb), None)
         if main_label and len(prof.threads) > 1:
-            text += f"\n\n######## {main_label} only (the event loop)\n" + pyspy_summary.report(
-                pyspy_summary.parse(collapsed.read_text(errors="replace"), main_label), 25, window)
-        (out / "gateway.speedscope.json").write_text(json.dumps(pyspy_summary.speedscope(prof, "gateway")))
+            text += f"\n\n######## {main_label} only (the event loop)\n" + pyspy.report(
+                pyspy.parse(collapsed.read_text(errors="replace"), main_label), 25, window)
+        (out / "gateway.speedscope.json").write_text(json.dumps(pyspy.speedscope(prof, "gateway")))
     else:
         text += "no samples: py-spy recorded nothing (see the notes above)\n"
     (out / "summary.txt").write_text(text)
