@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many streamed tokens per second the gateway's own frontend can push (issue 14, goal 3).
 
-The gateway runs on the scripted engine (tests/fakes.py: every token at once, no model; one
+The gateway runs on the scripted engine (testbed/fakes.py: every token at once, no model; one
 lib/scripted_server.py process per tree), so its HTTP/SSE layer and event loop are the whole cost;
 `python -m loadtest run` streams token-id completions at a fixed concurrency. Two or more trees
 side by side in one run (e.g. the commit before a frontend change and the working tree), each its
@@ -90,7 +90,7 @@ def main() -> None:
                         "trees": trees, "python": platform.python_version(), "cpu_count": os.cpu_count(),
                         "loadavg_at_end": list(os.getloadavg()), "concurrency": a.concurrency,
                         "requests": a.requests, "output_tokens": a.output_tokens, "workers": a.workers,
-                        "engine": "tests/fakes.py FakeEngine (every token at once)"},
+                        "engine": "testbed/fakes.py FakeEngine (every token at once)"},
                "summary": summary, "runs": runs}
         a.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {a.out}")

@@ -205,7 +205,7 @@ def weight_versions(gpu: bool, workdir: Path, synth: Path | None) -> list[str]:
         # path the other GPU tools use with dummy weights, and finds their compile cache.
         return [str(random_weights.write(synth, synth, 1)), str(random_weights.write(workdir / "weights-v2", synth, 2))]
     from server.model_prep import write_second_version
-    from server.settings import embedded_model_dir
+    from server.settings.schema import embedded_model_dir
 
     state = ROOT / ".state"
     return [str(embedded_model_dir(state).resolve()), str(write_second_version(state).resolve())]

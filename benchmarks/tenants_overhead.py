@@ -6,7 +6,7 @@
    gateway with no keys, at concurrency 64: 32 streams per tenant key (no key for `no-keys`),
    token-id prompts, fixed output length. Goal: throughput >= 0.99x of `no-keys` and p50 latency
    within 1 ms.
-2. `scripted`: the gateway's HTTP stack on the scripted engine (tests/fakes.py, answers at once;
+2. `scripted`: the gateway's HTTP stack on the scripted engine (testbed/fakes.py, answers at once;
    one lib/scripted_server.py process per way),
    so the HTTP layer is the whole cost: one request at a time, alternating the 2 tenants' keys.
    Goal: less than 0.1 ms added per request. Also reported: the same with the limits in Redis
@@ -111,7 +111,7 @@ async def drive_scripted(urls: dict[str, str], pids: dict[str, int], rounds: int
 
 
 def run_scripted(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from tests.redis_server import start_redis
+    from testbed.redis_server import start_redis
 
     redis = start_redis(workdir / "redis")
     running = []
@@ -128,7 +128,7 @@ def run_scripted(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         for server in running:
             server.stop(grace_s=10)
         redis.stop()
-    return {"setup": {"engine": "tests/fakes.py FakeEngine (no model, answers at once)",
+    return {"setup": {"engine": "testbed/fakes.py FakeEngine (no model, answers at once)",
                       "before_tree": args.before_tree, "tenants": len(TENANT_KEYS), "limits": GENEROUS,
                       "request": {"prompt": f"{len(PROMPT.split())} words (text)", "max_tokens": MAX_TOKENS,
                                   "route": "/v1/completions"},

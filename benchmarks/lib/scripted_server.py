@@ -1,10 +1,10 @@
-"""The gateway's HTTP stack on the scripted engine (tests/fakes.py: no model, answers at once), one
+"""The gateway's HTTP stack on the scripted engine (testbed/fakes.py: no model, answers at once), one
 way per process: `no-keys`, `tenants` (a keys file of 2 tenants at limits never reached, usage in
 SQLite), `tenants-redis` (the same with the limits in Redis) or `before` (a tree from before tenants).
 tenants_overhead.py and frontend_capacity.py start one per way or tree with `start`.
 
 The child runs this file by path with `python -P` (its directory is not put on the import path),
-from the tree being measured with PYTHONPATH set to that tree, so that `server` and `tests.fakes`
+from the tree being measured with PYTHONPATH set to that tree, so that `server` and the scripted engine
 come from it and not from this checkout. This file therefore imports nothing from `benchmarks` at
 its top.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import json
 import signal
 import sys
@@ -41,10 +42,16 @@ def serve(way: str, port: int, workdir: Path, redis_url: str | None) -> None:
     import uvicorn
 
     from server.app import build_app
-    from server.holder import EngineHolder
-    from server.http_protocol import uvicorn_http_options
     from server.settings import EngineProfile, Settings
-    from tests.fakes import FakeEngine
+
+    try:  # this layout
+        from server.lifecycle.holder import EngineHolder
+        from server.runner.http_options import uvicorn_http_options
+        from testbed.fakes import FakeEngine
+    except ImportError:  # a tree from before server/ was grouped by job (and testbed/ existed)
+        from server.holder import EngineHolder  # type: ignore[no-redef]
+        from server.http_protocol import uvicorn_http_options  # type: ignore[no-redef]
+        from tests.fakes import FakeEngine  # type: ignore[no-redef]
 
     auth: dict[str, Any] = {}
     if way.startswith("tenants"):
@@ -62,8 +69,15 @@ def serve(way: str, port: int, workdir: Path, redis_url: str | None) -> None:
 
     async def main() -> None:
         holder = EngineHolder(settings, factory)
-        app = build_app(settings, holder)
-        tenancy = getattr(app.state, "tenancy", None)  # the tree before tenants has none
+        if "tenancy" in inspect.signature(build_app).parameters:  # build_app takes its parts
+            from server.metrics import GatewayMetrics
+            from server.tenants.service import Tenancy
+
+            tenancy = Tenancy(settings)
+            app = build_app(settings, holder, GatewayMetrics(), tenancy)
+        else:  # an older tree: build_app made them (and a tree before tenants has none)
+            app = build_app(settings, holder)
+            tenancy = getattr(app.state, "tenancy", None)
         await holder.start()
         if tenancy is not None:
             await tenancy.start()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.settings import deep_merge  # noqa: E402,F401  (the drivers use benchlib.deep_merge)
+from server.settings.schema import deep_merge  # noqa: F401  (the drivers call servers.deep_merge)
 
 from benchmarks.fixtures import synth_tokenizer
 
@@ -79,7 +79,7 @@ def device_overrides(device: str, workdir: Path, synth_dir: Path | None) -> dict
         assert synth_dir is not None
         over["engine"] = {"model": str(synth_dir), "load_format": "dummy", "device": "gpu"}
     else:
-        from server.settings import embedded_model_dir
+        from server.settings.schema import embedded_model_dir
 
         over["engine"] = {"model": str(embedded_model_dir(ROOT / ".state").resolve()), "device": "cpu"}
     return over

@@ -40,7 +40,7 @@ from tests.e2e.test_observability import (
     wait_for,
     without_threshold,
 )
-from tests.redis_server import RedisServer, start_redis
+from testbed.redis_server import RedisServer, start_redis
 
 ADMIN = {"Authorization": "Bearer sk-admin"}
 CONTEXT = 128

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from server.engine import SamplingOptions
-from tests.fakes import FakeEngine, FakeReasoningParser
+from testbed.fakes import FakeEngine, FakeReasoningParser
 from tests.unit.test_tools_fake import ASK, WEATHER, started
 
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'

@@ -13,7 +13,7 @@ from server.lifecycle.holder import EngineHolder, EngineState
 from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, Settings
 from server.tenants.service import Tenancy
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 
 
 def make(engine: FakeEngine) -> tuple[httpx.AsyncClient, EngineHolder]:

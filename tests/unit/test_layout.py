@@ -154,3 +154,40 @@ def test_only_the_engine_package_imports_vllm() -> None:
 def test_the_package_root_stays_small() -> None:
     root_modules = sorted(p.name for p in SERVER.glob("*.py"))
     assert len(root_modules) <= MAX_ROOT_MODULES, root_modules
+
+
+# -- tests/ and benchmarks/ --------------------------------------------------------------------
+
+BENCHMARKS = ROOT / "benchmarks"
+TESTS = ROOT / "tests"
+LIBRARIES = ("benchmarks.lib", "benchmarks.fixtures")
+"""What tests may import from benchmarks: its libraries, never a driver or an experiment."""
+OLD_TREE_FALLBACKS = {("benchmarks/lib/scripted_server.py", "tests.fakes")}
+"""The scripted server also serves trees from before testbed/ existed, whose engine is there."""
+
+
+def test_benchmarks_are_a_package_without_path_edits() -> None:
+    edits = [f"{p.relative_to(ROOT)}:{n}" for p in BENCHMARKS.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if "sys.path" in line]
+    assert not edits, edits
+    for folder in (BENCHMARKS, BENCHMARKS / "lib", BENCHMARKS / "fixtures", BENCHMARKS / "experiments"):
+        assert (folder / "__init__.py").is_file(), folder
+
+
+def test_benchmarks_never_import_tests_and_have_no_circles() -> None:
+    found = modules(BENCHMARKS)
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {target}" for path in found.values()
+             for target, line in imported(path)
+             if (target == "tests" or target.startswith("tests."))
+             and (str(path.relative_to(ROOT)), target) not in OLD_TREE_FALLBACKS]
+    assert not wrong, wrong
+    graph = {name: {t for t, _ in imported(path, set(found)) if t in found and t != name}
+             for name, path in found.items()}
+    assert cycles(graph) == []
+
+
+def test_tests_import_only_benchmark_libraries() -> None:
+    wrong = [f"{path.relative_to(ROOT)}:{line}: {target}" for path in sorted(TESTS.rglob("*.py"))
+             for target, line in imported(path, set(modules(BENCHMARKS)))
+             if target.startswith("benchmarks.") and not target.startswith(LIBRARIES)]
+    assert not wrong, "tests import benchmark drivers:\n" + "\n".join(wrong)

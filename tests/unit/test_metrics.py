@@ -24,7 +24,7 @@ from server.metrics import (
 from server.settings import EngineProfile, Settings
 from server.settings.keys_file import Tenant, TenantLimits
 from server.tenants.service import Tenancy
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 
 
 def snapshot(metrics: GatewayMetrics) -> dict[tuple[str, tuple], float]:

@@ -9,7 +9,7 @@ import pytest
 from server.errors import ConflictError, ServiceUnavailableError
 from server.lifecycle.holder import EngineHolder, EngineState
 from server.settings import EngineProfile, ReloadSettings, Settings
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 
 
 def settings(name: str, strategy: str = "drain-swap", **reload: float) -> Settings:

@@ -10,7 +10,7 @@ import pytest
 from server.errors import InvalidRequestError
 from server.lifecycle.holder import EngineHolder, EngineState
 from server.settings import EngineProfile, ReloadSettings, Settings
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 from tests.unit.test_reload_fake import use
 from tests.unit.test_weights import model_dir
 

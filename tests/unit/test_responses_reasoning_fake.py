@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes import FakeReasoningParser
+from testbed.fakes import FakeReasoningParser
 from tests.unit.test_chat_stream_fake import REASONED, scripted
 from tests.unit.test_responses_tools_fake import WEATHER
 from tests.unit.test_tools_fake import started

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from server.lifecycle.holder import EngineState
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 from tests.unit.test_metrics import get, make_app, snapshot
 from tests.unit.test_tenants_http import Gateway_, assert_error, bearer

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from server.serving.lease import OFFLOAD_PROMPT_CHARS, prompt_chars
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 from tests.unit.test_http_fake_engine import make
 
 BLOCK_S = 1.5  # a slow tokenizer: a blocked loop is unmistakable, and a third of it (0.5 s) is

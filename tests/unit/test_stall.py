@@ -12,7 +12,7 @@ from server.lifecycle.holder import EngineHolder, EngineState
 from server.lifecycle.stall import StallWatch
 from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, HealthSettings, Settings
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 
 
 @pytest.fixture

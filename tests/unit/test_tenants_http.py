@@ -26,7 +26,7 @@ from server.settings import EngineProfile, Settings
 from server.settings.schema import deep_merge
 from server.tenants.limiter import period_of, seconds_to_next_period
 from server.tenants.service import Tenancy
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 from tests.unit.test_metrics import get, snapshot
 
 ADMIN = {"Authorization": "Bearer sk-admin"}

@@ -26,7 +26,7 @@ from server.tenants.limiter import (
     seconds_to_next_period,
 )
 from server.tenants.redis_limiter import RedisRateLimiter
-from tests.redis_server import RedisServer, start_redis
+from testbed.redis_server import RedisServer, start_redis
 
 
 def tenant(name: str, **limits: object) -> Tenant:

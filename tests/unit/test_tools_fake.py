@@ -15,7 +15,7 @@ from server.lifecycle.holder import EngineHolder
 from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, Settings
 from server.tenants.service import Tenancy
-from tests.fakes import FakeEngine
+from testbed.fakes import FakeEngine
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
