@@ -23,7 +23,9 @@ import pytest
 
 from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway
 
-SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s
+pytestmark = pytest.mark.timing  # every test here bounds a detection time
+
+SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s on a quiet machine
 LONG_PROMPT = 4000  # tokens: one prompt is one engine step (max_num_batched_tokens 4096)
 
 
@@ -127,14 +129,35 @@ def stays_idle_and_healthy(server: ServerProcess, seconds: float) -> None:
     assert httpx.get(server.base_url + "/admin/status", timeout=5).json()["engine_quiet_s"] == 0
 
 
-def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(model_dir: Path, tmp_path: Path) -> None:
+def burst_s(server: ServerProcess) -> float:
+    """Seconds until 8 new streams all have their first token: the engine steps of this machine
+    now (a loaded machine makes them many times slower than a quiet one)."""
+    t0 = time.monotonic()
+    streams = Streams(server, 8, max_tokens=8)
+    streams.wait_started()
+    took = time.monotonic() - t0
+    streams.join(120)
+    assert [outcome for outcome, _, _ in streams.results] == ["complete"] * 8, streams.results
+    return took
+
+
+def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(
+        gateway: ServerProcess, model_dir: Path, tmp_path: Path) -> None:
     """First two timeouts of idleness (a watchdog that counted idle time would trip after the
     first), then work that starts after them must not count them either, then the real stall.
-    On this gateway's short timeout the idle spell costs seconds, not minutes of CI per vLLM."""
-    server = start_gateway(tmp_path, env=stall_env(SHORT_STALL_S))
+    On this gateway's short timeout the idle spell costs seconds, not minutes of CI per vLLM.
+
+    The timeout must stay well above the slowest step this machine takes right now: it is 6 s,
+    or 4 times the time 8 new streams take to their first token on the session's (warm) gateway
+    when that is longer (a loaded CI machine). The test's own gateway runs that burst once before
+    the idle spell, so the timed streams meet an engine past its first-use work (kernel set-up
+    for new shapes), which on a starved machine alone outlasted a 6 s timeout."""
+    stall_s = round(max(SHORT_STALL_S, 4 * burst_s(gateway)), 1)
+    server = start_gateway(tmp_path, env=stall_env(stall_s))
     cores = engine_cores(server)
     try:
-        stays_idle_and_healthy(server, 2 * SHORT_STALL_S)
+        burst_s(server)
+        stays_idle_and_healthy(server, 2 * stall_s)
         streams = Streams(server, 8, max_tokens=3000)
         streams.wait_started()
         working_since = time.monotonic()
@@ -146,7 +169,7 @@ def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exit
             core.suspend()
         stopped_at = time.monotonic()
         stalled: httpx.Response | None = None
-        while time.monotonic() - stopped_at < SHORT_STALL_S + 5 and server.proc.poll() is None:
+        while time.monotonic() - stopped_at < stall_s + 5 and server.proc.poll() is None:
             r = health(server)
             if r.status_code == 503:
                 stalled = r
@@ -157,7 +180,7 @@ def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exit
         assert stalled is not None, f"/health still 200 after {detected_s:.1f} s"
         # Not earlier than the timeout allows: the quiet clock starts at the last output before
         # the stop (an engine step here is ~0.1 s), not at the idle spell before the streams.
-        assert detected_s >= SHORT_STALL_S - 1, f"stalled after only {detected_s:.1f} s"
+        assert detected_s >= stall_s - 1, f"stalled after only {detected_s:.1f} s"
         body = stalled.json()
         assert body["status"] == "stalled" and body["state"] == "stalled"
         assert "8 request(s) pending" in body["reason"], body
@@ -179,7 +202,7 @@ def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exit
         assert len(stall_lines) == 1, stall_lines
         assert "8 request(s) pending" in stall_lines[0]
         assert "exit code 3" in log
-        print(f"stall detected after {detected_s:.1f} s (timeout {SHORT_STALL_S} s)")
+        print(f"stall detected after {detected_s:.1f} s (timeout {stall_s} s)")
     finally:
         for core in cores:
             try:
