@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from benchmarks.lib import engine_side, gc_report
 
 EXPOSITION = """# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
@@ -52,6 +54,7 @@ def test_scrape_of_a_port_with_no_server_is_none() -> None:
         assert engine_side.scrape(f"http://127.0.0.1:{s.getsockname()[1]}", timeout_s=2) is None
 
 
+@pytest.mark.timing
 def test_cpu_meter_counts_the_frontend_its_children_and_reaped_clients() -> None:
     busy = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -125,6 +125,7 @@ def test_stopping_on_sigterm_while_a_request_drains(
             relaunched.listener.close()
 
 
+@pytest.mark.timing
 def test_watchdog_pings_follow_engine_progress(model_dir: Path, tmp_path: Path) -> None:
     """With the gateway's own stall rule off (health.stall_timeout_s: 0), WatchdogSec= still
     catches a stall: pings go on through the engine start (a long first start cannot trip the

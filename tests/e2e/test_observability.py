@@ -510,6 +510,7 @@ def test_every_dashboard_and_alert_expression_returns_data(loaded: Prometheus, g
     assert not nan, "expressions returning only NaN after the load:\n" + "\n".join(nan)
 
 
+@pytest.mark.timing
 def test_load_is_visible_in_prometheus(loaded: Prometheus) -> None:
     window = RATE_WINDOW
     [gen] = loaded.query(f'sum(increase(vllm:generation_tokens_total{{job="llm-gateway"}}[{window}]))')

@@ -274,6 +274,7 @@ def test_usage_store_adds_up_both_instances(fleet: Fleet) -> None:
     assert totals["free"]["limits"]["budget_tokens"] is None and totals["rpm-limited"]["errors"] >= 1
 
 
+@pytest.mark.timing
 def test_a_key_removed_by_sighup_gets_401_at_once(fleet: Fleet) -> None:
     assert [status_of(server, "sk-leaving") for server in fleet.servers] == [200, 200]
     engines_before = metric(fleet.a, "gateway_engine_reloads_total")

@@ -111,6 +111,7 @@ def test_ctrl_c_stops_the_gateway_then_its_engine_cleanly(tmp_path: Path, privat
     assert_all_exit(children)
 
 
+@pytest.mark.timing
 def test_sigterm_while_the_engine_starts(tmp_path: Path, private_state: Path) -> None:
     """`systemctl stop` during the first engine start: exit 0 within seconds, no engine process
     left, instead of waiting for a start that can take minutes on a GPU."""

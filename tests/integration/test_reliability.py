@@ -81,6 +81,7 @@ def test_overload_gets_complete_answers_or_429(limited: ServerProcess) -> None:
     wait_engine_idle(limited)
 
 
+@pytest.mark.timing
 def test_request_timeout_aborts_with_504_and_sse_error(limited: ServerProcess) -> None:
     body = {"prompt": "Write a very long story:", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     t0 = time.monotonic()
@@ -95,6 +96,7 @@ def test_request_timeout_aborts_with_504_and_sse_error(limited: ServerProcess) -
     wait_engine_idle(limited)
 
 
+@pytest.mark.timing
 def test_cancellation_storm_leaves_the_engine_idle(gateway: ServerProcess) -> None:
     async def storm() -> None:
         limits = httpx.Limits(max_connections=300, max_keepalive_connections=0)

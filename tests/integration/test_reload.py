@@ -190,6 +190,7 @@ def test_sighup_reloads_the_config_file(reloadable: tuple[ServerProcess, Path]) 
     assert status(server)["last_reload"]["outcome"] == "success"
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
 def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path, strategy: str) -> None:
     """SIGTERM while a reload is starting the new engine: the reload answers 503 at once, a request

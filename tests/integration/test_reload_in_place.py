@@ -116,6 +116,7 @@ def test_a_failing_load_rolls_back_to_the_previous_weights(gateway: tuple[Server
     assert metric(server, 'gateway_engine_reloads_total{outcome="rolled_back"}') >= 1
 
 
+@pytest.mark.timing
 def test_swap_under_load_loses_nothing_and_answers_as_a_fresh_gateway(
         gateway: tuple[ServerProcess, Path], versions: tuple[Path, Path], tmp_path: Path) -> None:
     server, _ = gateway
@@ -167,6 +168,7 @@ def test_swap_under_load_loses_nothing_and_answers_as_a_fresh_gateway(
         assert fresh.stop() == 0
 
 
+@pytest.mark.timing
 def test_sighup_swaps_back_in_place(gateway: tuple[ServerProcess, Path], versions: tuple[Path, Path]) -> None:
     server, config = gateway
     v1, _ = versions

@@ -95,6 +95,7 @@ def test_errors_and_disconnects_are_counted_not_fatal(fake_server: ServerFactory
     assert sum(s["errors"].values()) == 8
 
 
+@pytest.mark.timing
 def test_chat_stream_skips_the_role_chunk_and_survives_split_utf8(fake_server: ServerFactory) -> None:
     server = fake_server([Script(ttft_s=0.1, itl_s=0.01, tokens=5, text="日本🙂", split_writes=True)])
     result = _run(server.base_url, Load("concurrency", 2), Bounds(num_requests=4), api="chat", api_key="sk-test")
@@ -116,6 +117,7 @@ def test_non_streaming_and_ignore_eos_body(fake_server: ServerFactory) -> None:
     assert "stream_options" not in body
 
 
+@pytest.mark.timing
 def test_duration_bound_and_concurrency_ramp_up(fake_server: ServerFactory) -> None:
     server = fake_server([Script(ttft_s=0.05, itl_s=0.0, tokens=1)])
     result = _run(server.base_url, Load("concurrency", 4, ramp_up_s=0.4), Bounds(duration_s=1.0))

@@ -32,6 +32,7 @@ def _run_args(url: str, out: Path, *extra: str) -> list[str]:
             "--input-len", "8", "--output-len", "4", "--ignore-eos", "--out", str(out), "--no-progress", *extra]
 
 
+@pytest.mark.timing
 def test_two_workers_against_the_fake_server(fake_server: ServerFactory, tmp_path: Path) -> None:
     server = fake_server([Script(ttft_s=0.02, itl_s=0.005, tokens=4)])
     one, two = tmp_path / "one.json", tmp_path / "two.json"

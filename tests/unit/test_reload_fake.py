@@ -49,6 +49,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.mark.timing
 @pytest.mark.anyio
 @pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
 async def test_reload_under_load_loses_nothing(strategy: str) -> None:

@@ -45,6 +45,7 @@ async def started(model: Path) -> tuple[EngineHolder, FakeEngine]:
     return holder, engine
 
 
+@pytest.mark.timing
 @pytest.mark.anyio
 async def test_keep_pauses_in_flight_requests_and_swaps_under_them(versions: tuple[Path, Path]) -> None:
     v1, v2 = versions

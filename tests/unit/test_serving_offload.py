@@ -57,6 +57,7 @@ REQUESTS = {
 }
 
 
+@pytest.mark.timing
 @pytest.mark.anyio
 @pytest.mark.parametrize("route", sorted(REQUESTS))
 async def test_a_long_prompt_does_not_stall_the_event_loop(route: str) -> None:

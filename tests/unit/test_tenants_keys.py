@@ -192,6 +192,7 @@ def test_usage_file_opens_when_instances_start_at_once(tmp_path: Path) -> None:
             assert conn.execute("SELECT requests, prompt_tokens + completion_tokens FROM usage").fetchall() == [(4, 20)]
 
 
+@pytest.mark.timing
 def test_usage_file_gives_up_on_other_errors_at_once_and_on_a_held_lock_in_time(tmp_path: Path) -> None:
     began = time.monotonic()
     with pytest.raises(sqlite3.OperationalError, match="unable to open"):

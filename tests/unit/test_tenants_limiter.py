@@ -60,6 +60,7 @@ async def limiter(request: pytest.FixtureRequest, redis_server: RedisServer) -> 
     await made.close()
 
 
+@pytest.mark.timing
 @pytest.mark.anyio
 async def test_requests_per_minute(limiter) -> None:  # type: ignore[no-untyped-def]
     t = tenant("rpm", requests_per_minute=3)
@@ -77,6 +78,7 @@ async def test_requests_per_minute(limiter) -> None:  # type: ignore[no-untyped-
     assert other.allowed and other.requests.remaining == 2  # tenants count apart
 
 
+@pytest.mark.timing
 @pytest.mark.anyio
 async def test_tokens_are_reserved_then_settled(limiter) -> None:  # type: ignore[no-untyped-def]
     t = tenant("tpm", tokens_per_minute=60)
