@@ -108,3 +108,48 @@ def structured_outputs_fields(params: Any) -> dict[str, Any] | None:
         if value != f.default:
             fields[f.name] = value
     return fields
+
+
+def patch_engine_process() -> None:
+    """The `vllm.general_plugins` hook (pyproject): vLLM runs it early in each of its processes.
+    In an engine process the gateway started, it applies the differences below that must act
+    inside vLLM's own processes; elsewhere (`vllm serve` in the same environment) nothing."""
+    import os
+
+    from server.engine.runtime import ENGINE_PROCESS_ENV
+
+    if os.environ.get(ENGINE_PROCESS_ENV) == "1":
+        skip_cpu_warmup_without_compilation()
+
+
+def skip_cpu_warmup_without_compilation() -> None:
+    """No dummy forward "for the compilation" on a CPU engine that compiles nothing.
+
+    vLLM 0.26's CPU model runner runs a forward of `max_num_batched_tokens` dummy tokens at every
+    engine start and reload (`CPUModelRunner.warming_up_model`, from `determine_available_memory`)
+    even under `enforce_eager`, where nothing is compiled: for the embedded model on 2 cores most
+    of an engine start. vLLM 0.32's runner returns early when the compilation mode is NONE; this
+    gives 0.26's the same early return. Nothing on a GPU changes (its runner is another class).
+    """
+    import vllm
+
+    if not vllm.__version__.startswith("0.26."):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.config import CompilationMode
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    warm_up = CPUModelRunner.warming_up_model
+    if getattr(warm_up, "gateway_skips_eager", False):
+        return
+
+    def warming_up_model(self: Any) -> None:
+        if self.vllm_config.compilation_config.mode == CompilationMode.NONE:
+            return
+        warm_up(self)
+
+    warming_up_model.gateway_skips_eager = True  # type: ignore[attr-defined]
+    CPUModelRunner.warming_up_model = warming_up_model

@@ -87,6 +87,11 @@ def engine_runtime_dirs(state_dir: Path) -> dict[str, Path]:
     }
 
 
+ENGINE_PROCESS_ENV = "LLM_GATEWAY_ENGINE_PROCESS"
+"""Set in the gateway before its engine starts, so inherited by vLLM's engine processes: the
+plugin hook of `server.engine.compat` acts only where it is set (not in `vllm serve`)."""
+
+
 def prepare_engine_environment(settings: Settings) -> Path:
     """Set vLLM's environment before it starts an engine; return this engine's RPC directory.
 
@@ -105,6 +110,7 @@ def prepare_engine_environment(settings: Settings) -> Path:
     rpc_dir = Path(tempfile.mkdtemp(prefix="e-", dir=dirs["VLLM_RPC_BASE_PATH"]))
     os.environ["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     os.environ["TMPDIR"] = str(dirs["TMPDIR"])
+    os.environ[ENGINE_PROCESS_ENV] = "1"
     os.environ.setdefault("VLLM_CACHE_ROOT", str(dirs["VLLM_CACHE_ROOT"]))
     tempfile.tempdir = None  # re-read TMPDIR
     for name, value in settings.engine.env.items():
