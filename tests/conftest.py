@@ -150,6 +150,16 @@ def wait_ready(server: ServerProcess, path: str = "/ready", timeout: float = REA
     raise TimeoutError(f"server not ready after {timeout} s:\n{server.log()[-6000:]}")
 
 
+def seed_vllm_cache(cache_root: Path) -> None:
+    """Give a fresh vLLM cache root what the shared state dir's already holds about the model's
+    class (vLLM's `modelinfos`): without it every engine start inspects the model class again in
+    a subprocess of its own, seconds of a start on 2 cores. vLLM checks each entry against its
+    own source and inspects again when it does not match (another release)."""
+    known = STATE_DIR / "cache" / "vllm" / "modelinfos"
+    if known.is_dir():
+        shutil.copytree(known, cache_root / "modelinfos", dirs_exist_ok=True)
+
+
 def start_gateway(
     tmp_dir: Path,
     *,
@@ -237,6 +247,7 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     tmp = tmp_path_factory.mktemp("vllm-reference")
     for sub in ("cache", "run", "tmp"):
         (tmp / sub).mkdir()
+    seed_vllm_cache(tmp / "cache")
     port = free_port()
     log_path = tmp / "vllm.log"
     env = {

@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import MODEL_DIR, ROOT, descendants, start_gateway, wait_for_engine_core
+from tests.conftest import MODEL_DIR, ROOT, descendants, seed_vllm_cache, start_gateway, wait_for_engine_core
 
 
 @pytest.fixture
@@ -29,6 +29,7 @@ def private_state(model_dir: Path) -> Iterator[Path]:
     state = Path(tempfile.mkdtemp(prefix="gw-", dir="/tmp"))
     (state / "models").mkdir(parents=True)
     (state / "models" / "smollm2-135m-instruct").symlink_to(MODEL_DIR)
+    seed_vllm_cache(state / "cache" / "vllm")
     yield state
     shutil.rmtree(state, ignore_errors=True)
 

@@ -20,17 +20,14 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import yaml
 
-from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway
+from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway_with_own_config
 
 pytestmark = pytest.mark.timing  # every test here bounds a detection time
 
 SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s on a quiet machine
 LONG_PROMPT = 4000  # tokens: one prompt is one engine step (max_num_batched_tokens 4096)
-
-
-def stall_env(seconds: float) -> dict[str, str]:
-    return {"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(seconds)}
 
 
 def fresh_prompt(rng: random.Random) -> list[int]:
@@ -48,19 +45,32 @@ def prefill_s(server: ServerProcess, prompt: list[int]) -> float:
 @dataclass
 class Watched:
     server: ServerProcess
+    config: Path  # its own profile file, which holds health.stall_timeout_s
     stall_s: float  # its health.stall_timeout_s
     step_s: float  # one 4,000-token prefill (one engine step), measured before it started
+
+    def set_stall_timeout(self, seconds: float) -> None:
+        """A new health.stall_timeout_s through a reload: the engine keeps serving (only the
+        stall rule changes), so the module's one gateway serves every test here."""
+        profile = yaml.safe_load(self.config.read_text())
+        profile.setdefault("health", {})["stall_timeout_s"] = seconds
+        self.config.write_text(yaml.safe_dump(profile))
+        r = httpx.post(self.server.base_url + "/admin/reload", timeout=60)
+        assert r.status_code == 200 and r.json()["engine_reloaded"] is False, r.text
+        self.stall_s = seconds
 
 
 @pytest.fixture(scope="module")
 def watched(gateway: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
-    """A gateway whose stall timeout is 3 long engine steps of this machine (at least 10 s):
-    6-16 s per 4,000-token prefill step on 2 CPU cores, so a fixed timeout would either not be
-    close to a step here or trip on a slower machine."""
+    """The module's gateway, whose stall timeout starts at 3 long engine steps of this machine
+    (at least 10 s): 6-16 s per 4,000-token prefill step on 2 CPU cores, so a fixed timeout would
+    either not be close to a step here or trip on a slower machine. The last test stalls it."""
     step = prefill_s(gateway, fresh_prompt(random.Random(1)))
     stall = round(max(10.0, 3 * step), 1)
-    server = start_gateway(tmp_path_factory.mktemp("stall"), env=stall_env(stall))
-    yield Watched(server, stall, step)
+    server, config = start_gateway_with_own_config(tmp_path_factory.mktemp("stall"))
+    watched = Watched(server, config, 0.0, step)
+    watched.set_stall_timeout(stall)
+    yield watched
     server.stop()
 
 
@@ -141,77 +151,6 @@ def burst_s(server: ServerProcess) -> float:
     return took
 
 
-def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(
-        gateway: ServerProcess, model_dir: Path, tmp_path: Path) -> None:
-    """First two timeouts of idleness (a watchdog that counted idle time would trip after the
-    first), then work that starts after them must not count them either, then the real stall.
-    On this gateway's short timeout the idle spell costs seconds, not minutes of CI per vLLM.
-
-    The timeout must stay well above the slowest step this machine takes right now: it is 6 s,
-    or 4 times the time 8 new streams take to their first token on the session's (warm) gateway
-    when that is longer (a loaded CI machine). The test's own gateway runs that burst once before
-    the idle spell, so the timed streams meet an engine past its first-use work (kernel set-up
-    for new shapes), which on a starved machine alone outlasted a 6 s timeout."""
-    stall_s = round(max(SHORT_STALL_S, 4 * burst_s(gateway)), 1)
-    server = start_gateway(tmp_path, env=stall_env(stall_s))
-    cores = engine_cores(server)
-    try:
-        burst_s(server)
-        stays_idle_and_healthy(server, 2 * stall_s)
-        streams = Streams(server, 8, max_tokens=3000)
-        streams.wait_started()
-        working_since = time.monotonic()
-        while time.monotonic() - working_since < 1.5:  # streams after an idle spell are not a stall
-            assert health(server).status_code == 200
-            time.sleep(0.2)
-        engine_pids = descendants(server.proc.pid)
-        for core in cores:
-            core.suspend()
-        stopped_at = time.monotonic()
-        stalled: httpx.Response | None = None
-        while time.monotonic() - stopped_at < stall_s + 5 and server.proc.poll() is None:
-            r = health(server)
-            if r.status_code == 503:
-                stalled = r
-                break
-            assert r.status_code == 200
-            time.sleep(0.2)
-        detected_s = time.monotonic() - stopped_at
-        assert stalled is not None, f"/health still 200 after {detected_s:.1f} s"
-        # Not earlier than the timeout allows: the quiet clock starts at the last output before
-        # the stop (an engine step here is ~0.1 s), not at the idle spell before the streams.
-        assert detected_s >= stall_s - 1, f"stalled after only {detected_s:.1f} s"
-        body = stalled.json()
-        assert body["status"] == "stalled" and body["state"] == "stalled"
-        assert "8 request(s) pending" in body["reason"], body
-        assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 503
-        late = httpx.post(server.base_url + "/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10)
-        assert late.status_code == 503 and "stalled" in late.json()["error"]["message"]
-        streams.join(30)
-        assert len(streams.results) == 8
-        for outcome, _, chunks in streams.results:
-            assert outcome == "error event", (outcome, chunks[-1:])
-            assert "stalled" in chunks[-1]["error"]["message"]
-        code = server.proc.wait(60)
-        assert code == 3
-        time.sleep(1)
-        left = [p for p in engine_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert not left, left
-        log = server.log()
-        stall_lines = [line for line in log.splitlines() if "the engine stalled" in line and " ERROR " in line]
-        assert len(stall_lines) == 1, stall_lines
-        assert "8 request(s) pending" in stall_lines[0]
-        assert "exit code 3" in log
-        print(f"stall detected after {detected_s:.1f} s (timeout {stall_s} s)")
-    finally:
-        for core in cores:
-            try:
-                core.kill()
-            except psutil.NoSuchProcess:
-                pass
-        server.stop(signal.SIGKILL)
-
-
 def test_a_stop_shorter_than_the_timeout_is_not_a_stall(watched: Watched) -> None:
     stall_s, watched = watched.stall_s, watched.server
     cores = engine_cores(watched)
@@ -268,3 +207,73 @@ def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
     assert set(health_seen) == {200}
     metrics = httpx.get(watched.base_url + "/metrics", timeout=5).text
     assert "gateway_engine_stalls_total 0.0" in metrics
+
+
+def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(watched: Watched) -> None:
+    """First two timeouts of idleness (a watchdog that counted idle time would trip after the
+    first), then work that starts after them must not count them either, then the real stall.
+    On a short timeout the idle spell costs seconds, not minutes of CI per vLLM. Last in the
+    module: it ends the module's gateway.
+
+    The timeout must stay well above the slowest step this machine takes right now: it is 6 s,
+    or 4 times the time 8 new streams take to their first token on this (warm) gateway when
+    that is longer (a loaded CI machine). That burst also takes the engine past its first-use
+    work for these shapes, which on a starved machine alone outlasted a fixed 6 s."""
+    server = watched.server
+    watched.set_stall_timeout(round(max(SHORT_STALL_S, 4 * burst_s(server)), 1))
+    stall_s = watched.stall_s
+    cores = engine_cores(server)
+    try:
+        stays_idle_and_healthy(server, 2 * stall_s)
+        streams = Streams(server, 8, max_tokens=3000)
+        streams.wait_started()
+        working_since = time.monotonic()
+        while time.monotonic() - working_since < 1.5:  # streams after an idle spell are not a stall
+            assert health(server).status_code == 200
+            time.sleep(0.2)
+        engine_pids = descendants(server.proc.pid)
+        for core in cores:
+            core.suspend()
+        stopped_at = time.monotonic()
+        stalled: httpx.Response | None = None
+        while time.monotonic() - stopped_at < stall_s + 5 and server.proc.poll() is None:
+            r = health(server)
+            if r.status_code == 503:
+                stalled = r
+                break
+            assert r.status_code == 200
+            time.sleep(0.2)
+        detected_s = time.monotonic() - stopped_at
+        assert stalled is not None, f"/health still 200 after {detected_s:.1f} s"
+        # Not earlier than the timeout allows: the quiet clock starts at the last output before
+        # the stop (an engine step here is ~0.1 s), not at the idle spell before the streams.
+        assert detected_s >= stall_s - 1, f"stalled after only {detected_s:.1f} s"
+        body = stalled.json()
+        assert body["status"] == "stalled" and body["state"] == "stalled"
+        assert "8 request(s) pending" in body["reason"], body
+        assert httpx.get(server.base_url + "/ready", timeout=5).status_code == 503
+        late = httpx.post(server.base_url + "/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=10)
+        assert late.status_code == 503 and "stalled" in late.json()["error"]["message"]
+        streams.join(30)
+        assert len(streams.results) == 8
+        for outcome, _, chunks in streams.results:
+            assert outcome == "error event", (outcome, chunks[-1:])
+            assert "stalled" in chunks[-1]["error"]["message"]
+        code = server.proc.wait(60)
+        assert code == 3
+        time.sleep(1)
+        left = [p for p in engine_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, left
+        log = server.log()
+        stall_lines = [line for line in log.splitlines() if "the engine stalled" in line and " ERROR " in line]
+        assert len(stall_lines) == 1, stall_lines
+        assert "8 request(s) pending" in stall_lines[0]
+        assert "exit code 3" in log
+        print(f"stall detected after {detected_s:.1f} s (timeout {stall_s} s)")
+    finally:
+        for core in cores:
+            try:
+                core.kill()
+            except psutil.NoSuchProcess:
+                pass
+        server.stop(signal.SIGKILL)
