@@ -102,20 +102,54 @@ def metric(server: ServerProcess, sample: str) -> float:
     return 0.0
 
 
-@pytest.mark.parametrize("strategy,name,max_len", [("drain-swap", "renamed-a", 2048), ("blue-green", "renamed-b", 3072)])
-def test_reload_under_load_loses_nothing(reloadable: tuple[ServerProcess, Path], strategy: str, name: str, max_len: int) -> None:
-    server, _ = reloadable
+def wait_reloading(server: ServerProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not status(server)["reloading"]:
+        assert time.monotonic() < deadline, "the reload never started"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("strategy,name,max_len,trigger", [("drain-swap", "renamed-a", 2048, "sighup"),
+                                                           ("blue-green", "renamed-b", 3072, "admin")])
+def test_reload_under_load_loses_nothing(reloadable: tuple[ServerProcess, Path], strategy: str, name: str,
+                                         max_len: int, trigger: str) -> None:
+    """A reload under 8 clients loses no request, and a second reload while it runs gets 409.
+    drain-swap is started as `systemctl reload` does (the config file changed, then SIGHUP),
+    blue-green by POST /admin/reload with overrides."""
+    server, config = reloadable
+    before = status(server)["last_reload"]
     with Load(server.base_url) as load:
         time.sleep(3)
         t0 = time.monotonic()
-        r = httpx.post(server.base_url + "/admin/reload", timeout=600, json={
-            "reload": {"strategy": strategy}, "engine": {"served_model_name": name, "max_model_len": max_len}})
+        box: dict[str, httpx.Response] = {}
+        if trigger == "sighup":
+            profile = yaml.safe_load(config.read_text())
+            profile["engine"].update(served_model_name=name, max_model_len=max_len)
+            profile["reload"] = {"strategy": strategy}
+            config.write_text(yaml.safe_dump(profile))
+            server.proc.send_signal(signal.SIGHUP)
+        else:
+            first = threading.Thread(target=lambda: box.setdefault("r", httpx.post(
+                server.base_url + "/admin/reload", timeout=600,
+                json={"reload": {"strategy": strategy}, "engine": {"served_model_name": name, "max_model_len": max_len}})))
+            first.start()
+        wait_reloading(server)
+        second = httpx.post(server.base_url + "/admin/reload", timeout=60, json={"engine": {"served_model_name": "second"}})
+        if trigger == "sighup":
+            deadline = time.monotonic() + 600
+            while status(server)["reloading"] or status(server)["last_reload"] == before:
+                assert time.monotonic() < deadline, "the SIGHUP reload never finished"
+                time.sleep(0.2)
+            result = status(server)["last_reload"]
+        else:
+            first.join(600)
+            assert box["r"].status_code == 200, box["r"].text
+            result = box["r"].json()
         took = time.monotonic() - t0
         time.sleep(3)
-    assert r.status_code == 200, r.text
-    result = r.json()
-    print(f"\n{strategy}: reload {result['duration_s']:.1f} s (HTTP {took:.1f} s), queued {result['queued']}, "
+    print(f"\n{strategy} ({trigger}): reload {result['duration_s']:.1f} s (seen {took:.1f} s), queued {result['queued']}, "
           f"longest queue wait {result['max_queue_wait_s']:.1f} s, load ok={load.result.ok}")
+    assert second.status_code == 409 and second.json()["error"]["type"] == "ConflictError", second.text
     assert result["outcome"] == "success" and result["strategy"] == strategy
     assert load.result.failures == []
     assert load.result.ok >= LOAD_CLIENTS
@@ -158,48 +192,21 @@ def test_engine_that_fails_to_start_rolls_back(reloadable: tuple[ServerProcess, 
     assert r.status_code == 200
 
 
-def test_overlapping_reload_gets_409(reloadable: tuple[ServerProcess, Path]) -> None:
-    server, _ = reloadable
-    with httpx.Client(base_url=server.base_url, timeout=600) as client:
-        box: dict[str, httpx.Response] = {}
-        first = threading.Thread(target=lambda: box.setdefault("r", client.post(
-            "/admin/reload", json={"reload": {"strategy": "blue-green"}, "engine": {"served_model_name": "first"}})))
-        first.start()
-        deadline = time.monotonic() + 30
-        while not status(server)["reloading"] and time.monotonic() < deadline:
-            time.sleep(0.1)
-        second = client.post("/admin/reload", json={"engine": {"served_model_name": "second"}})
-        first.join()
-    assert second.status_code == 409
-    assert second.json()["error"]["type"] == "ConflictError"
-    assert box["r"].status_code == 200
-    assert models(server)["id"] == "first"
-
-
-def test_sighup_reloads_the_config_file(reloadable: tuple[ServerProcess, Path]) -> None:
-    server, config = reloadable
-    profile = yaml.safe_load(config.read_text())
-    profile["engine"]["served_model_name"] = "from-sighup"
-    profile["reload"] = {"strategy": "blue-green"}
-    config.write_text(yaml.safe_dump(profile))
-    server.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 300
-    while models(server)["id"] != "from-sighup" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert models(server)["id"] == "from-sighup"
-    assert status(server)["last_reload"]["outcome"] == "success"
-
-
 @pytest.mark.timing
-@pytest.mark.parametrize("strategy", ["drain-swap", "blue-green"])
-def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path, strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["blue-green", "drain-swap"])
+def test_sigterm_while_a_reload_starts_an_engine(reloadable: tuple[ServerProcess, Path], tmp_path: Path,
+                                                 strategy: str) -> None:
     """SIGTERM while a reload is starting the new engine: the reload answers 503 at once, a request
-    queued behind it gets 503, the process exits 0 within seconds and leaves no engine process."""
+    queued behind it gets 503, the process exits 0 within seconds and leaves no engine process.
+    The drain-swap variant runs last in the module and ends the module's gateway; the blue-green
+    one starts a gateway of its own."""
     import psutil
 
     from tests.conftest import descendants, wait_for_engine_core
 
-    server = start_gateway(tmp_path, config=CONFIG)
+    server = reloadable[0] if strategy == "drain-swap" else start_gateway(tmp_path, config=CONFIG)
+    assert server.proc.poll() is None and server.log().count("starting vLLM") >= 1
+    starts_before = server.log().count("starting vLLM")
     try:
         box: dict[str, httpx.Response] = {}
 
@@ -210,9 +217,9 @@ def test_sigterm_while_a_reload_starts_an_engine(model_dir: Path, tmp_path: Path
         worker = threading.Thread(target=reload)
         worker.start()
         deadline = time.monotonic() + 120
-        while server.log().count("starting vLLM") < 2 and time.monotonic() < deadline:
+        while server.log().count("starting vLLM") < starts_before + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert server.log().count("starting vLLM") == 2, server.log()[-3000:]
+        assert server.log().count("starting vLLM") == starts_before + 1, server.log()[-3000:]
         wait_for_engine_core(server.proc.pid)  # the new engine is loading (drain-swap: the old one is gone)
         queued: dict[str, httpx.Response] = {}
         late = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
