@@ -22,7 +22,8 @@ API_KEY = "sk-test-inline"
 FILE_KEY = "sk-test-from-file"
 ADMIN_KEY = "sk-admin"
 MAX_BODY = 16384
-FUZZ_EXAMPLES = int(os.environ.get("LLM_GATEWAY_FUZZ_EXAMPLES", "500"))
+FUZZ_EXAMPLES = int(os.environ.get("LLM_GATEWAY_FUZZ_EXAMPLES", "250"))
+LONG_FUZZ_EXAMPLES = 1000  # make test-slow
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +184,17 @@ def check_response(case, base_url: str) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_fuzz_no_5xx_and_openai_errors(keyed: ServerProcess) -> None:
-    """Hypothesis-generated requests for every operation in our own OpenAPI document.
+    fuzz(keyed, FUZZ_EXAMPLES)
+
+
+@pytest.mark.slow
+def test_fuzz_longer(keyed: ServerProcess) -> None:
+    fuzz(keyed, LONG_FUZZ_EXAMPLES)
+
+
+def fuzz(keyed: ServerProcess, examples: int) -> None:
+    """Hypothesis-generated requests for every operation in our own OpenAPI document: no 5xx,
+    every error in OpenAI's shape.
 
     Driven through schemathesis's strategies directly (its pytest plugin does not support
     pytest 9 yet). The example budget is split evenly over the operations.
@@ -194,7 +205,7 @@ def test_fuzz_no_5xx_and_openai_errors(keyed: ServerProcess) -> None:
     assert len(operations) >= 7
     posts = [op for op in operations if op.method.upper() == "POST"]
     # GET routes here take no parameters: one example each exhausts them.
-    per_post = (FUZZ_EXAMPLES - (len(operations) - len(posts))) // len(posts)
+    per_post = (examples - (len(operations) - len(posts))) // len(posts)
     statuses: dict[int, int] = {}
 
     for operation in operations:
@@ -210,5 +221,5 @@ def test_fuzz_no_5xx_and_openai_errors(keyed: ServerProcess) -> None:
         run()
     total = sum(statuses.values())
     print(f"fuzz: {total} requests over {len(operations)} operations, statuses {sorted(statuses.items())}")
-    assert total >= 0.9 * FUZZ_EXAMPLES
+    assert total >= 0.9 * examples
     assert httpx.get(keyed.base_url + "/health").status_code == 200

@@ -83,14 +83,25 @@ def test_overload_gets_complete_answers_or_429(limited: ServerProcess) -> None:
 
 @pytest.mark.timing
 def test_request_timeout_aborts_with_504_and_sse_error(limited: ServerProcess) -> None:
+    """A plain and a streamed request past `limits.request_timeout_s`, at once (each waits out the
+    timeout): 504, and a final SSE error event with code 504."""
     body = {"prompt": "Write a very long story:", "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
-    t0 = time.monotonic()
-    r = httpx.post(limited.base_url + "/v1/completions", json=body, timeout=120)
-    assert r.status_code == 504
-    assert "request_timeout_s" in r.json()["error"]["message"]
-    assert time.monotonic() - t0 < 45
+    plain: dict[str, object] = {}
+
+    def post_plain() -> None:
+        t0 = time.monotonic()
+        plain["response"] = httpx.post(limited.base_url + "/v1/completions", json=body, timeout=120)
+        plain["took"] = time.monotonic() - t0
+
+    worker = threading.Thread(target=post_plain)
+    worker.start()
     with httpx.Client(base_url=limited.base_url, timeout=120) as client:
         status, events = read_stream(client, body)
+    worker.join(120)
+    r = plain["response"]
+    assert isinstance(r, httpx.Response) and r.status_code == 504
+    assert "request_timeout_s" in r.json()["error"]["message"]
+    assert plain["took"] < 45  # type: ignore[operator]
     assert status == 200 and events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == 504
     wait_engine_idle(limited)
