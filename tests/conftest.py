@@ -235,14 +235,24 @@ def gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml."""
+@dataclass
+class Reference:
+    """vLLM's own server, launched (maybe ahead of its first test) and not yet waited for."""
+
+    server: ServerProcess
+    tmp: Path
+
+
+_launched_reference: list[Reference] = []
+
+
+def launch_vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
+    """Start `vllm serve` on the same model and engine settings as configs/embedded-cpu.yaml,
+    without waiting for it (once per session; a second call returns the first launch)."""
     import yaml
 
-    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
-        yield _Running(url)  # type: ignore[misc]
-        return
+    if _launched_reference:
+        return _launched_reference[0]
     profile = yaml.safe_load(CONFIG.read_text())["engine"]
     tmp = tmp_path_factory.mktemp("vllm-reference")
     for sub in ("cache", "run", "tmp"):
@@ -283,8 +293,24 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         cmd.append("--no-enable-prefix-caching")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(proc, port, log_path)
+    _launched_reference.append(Reference(ServerProcess(proc, port, log_path), tmp))
+    return _launched_reference[0]
+
+
+def stop_vllm_reference() -> None:
+    for reference in _launched_reference:
+        reference.server.stop()
+        shutil.rmtree(reference.tmp / "run", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml
+    (tests/integration/conftest.py launches it ahead, so its start overlaps earlier tests)."""
+    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
+        yield _Running(url)  # type: ignore[misc]
+        return
+    server = launch_vllm_reference(model_dir, tmp_path_factory).server
     wait_ready(server, path="/health")
     yield server
-    server.stop()
-    shutil.rmtree(tmp / "run", ignore_errors=True)
+    stop_vllm_reference()

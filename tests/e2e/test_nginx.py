@@ -11,10 +11,12 @@ import re
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import SERVED_NAME, ServerProcess, free_port
 from tests.e2e.conftest import (
@@ -291,7 +293,30 @@ def test_two_instances_share_the_traffic(
         nginx.stop()
 
 
-def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerProcess) -> None:
+@pytest.fixture(scope="module")
+def spares(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """The two instances the last tests here take out of service, one stopped (`leaving`) and one
+    stalled (`stalling`, a 6 s stall timeout), started together: two engine starts at once take
+    little longer than one on 2 cores."""
+    from tests.conftest import start_gateway, wait_ready
+
+    tmp = tmp_path_factory.mktemp("spares")
+    envs = {"leaving": None, "stalling": {"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "6"}}
+    started: dict[str, ServerProcess] = {}
+    try:
+        for name, env in envs.items():
+            (tmp / name).mkdir()
+            started[name] = start_gateway(tmp / name, env=env, wait=False)
+        for server in started.values():
+            wait_ready(server)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerProcess,
+                                                spares: dict[str, ServerProcess]) -> None:
     """Two instances behind nginx under concurrent traffic; SIGTERM to one while it has a long
     stream in flight: its stream completes, it exits 0, and every request sent through nginx
     succeeds: the draining instance's 503s (and, once it is gone, refused connections) are retried
@@ -299,10 +324,7 @@ def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerP
     import signal
     import threading
 
-    from tests.conftest import start_gateway
-
-    (tmp_path / "leaving").mkdir()
-    leaving = start_gateway(tmp_path / "leaving")
+    leaving = spares["leaving"]
     nginx = start_nginx(tmp_path / "nginx", [port_of(gateway), leaving.port])
     stop = threading.Event()
     lock = threading.Lock()
@@ -360,16 +382,16 @@ def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerP
         leaving.stop()
 
 
-def test_a_stalled_instance_loses_no_request_after_detection(tmp_path: Path, gateway: ServerProcess) -> None:
+def test_a_stalled_instance_loses_no_request_after_detection(tmp_path: Path, gateway: ServerProcess,
+                                                             spares: dict[str, ServerProcess]) -> None:
     """Two instances behind nginx under paced traffic; the engine core of one is stopped
     (SIGSTOP). Once it reports the stall (/health 503), no client request fails: its 503s, then
     its closed port after it exits 3, go to the other instance (proxy_next_upstream)."""
     import threading
 
-    from tests.conftest import engine_core_processes, start_gateway
+    from tests.conftest import engine_core_processes
 
-    (tmp_path / "stalling").mkdir()
-    stalling = start_gateway(tmp_path / "stalling", env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "6"})
+    stalling = spares["stalling"]
     cores = engine_core_processes(stalling.proc.pid)
     nginx = start_nginx(tmp_path / "nginx", [port_of(gateway), stalling.port])
     stop = threading.Event()

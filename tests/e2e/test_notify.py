@@ -86,52 +86,14 @@ def test_reload_sends_reloading_then_ready(notified_gateway: NotifiedGateway) ->
                 kill_tree(pid)
 
 
-def test_stopping_on_sigterm_while_a_request_drains(
-    notified_gateway: NotifiedGateway, tmp_path: Path
-) -> None:
-    """SIGTERM (what `systemctl stop` sends to the main process, KillMode=mixed): STOPPING=1 at once,
-    /ready turns 503, the in-flight stream still completes, the process exits 0."""
-    gw = notified_gateway
-    relaunched = None
-    if not alive(gw):  # the reload test's SIGHUP ended it (no reload support): start another
-        relaunched = gw = launch_notified_gateway(tmp_path / "relaunched")
-    try:
-        result: dict[str, object] = {}
-
-        def stream() -> None:
-            body = {"model": SERVED_NAME, "prompt": "Tell a story.", "max_tokens": 48, "stream": True,
-                    "ignore_eos": True}
-            with httpx.stream("POST", gw.server.base_url + "/v1/completions", json=body, timeout=120) as r:
-                result["status"] = r.status_code
-                result["body"] = r.read().decode()
-
-        start = len(gw.listener.messages)
-        worker = threading.Thread(target=stream)
-        worker.start()
-        time.sleep(1.0)  # the request is generating (48 tokens take ~3 s here)
-        signalled = time.monotonic()
-        gw.server.proc.send_signal(signal.SIGTERM)
-        _, stopping = gw.listener.wait_for("STOPPING", "1", after=start, timeout=10)
-        assert stopping.at - signalled < 2.0
-        assert stopping.pid == gw.server.proc.pid
-        assert httpx.get(gw.server.base_url + "/ready", timeout=5).status_code == 503
-        worker.join(120)
-        assert result.get("status") == 200
-        assert str(result["body"]).rstrip().endswith("data: [DONE]")
-        assert gw.server.proc.wait(60) == 0
-    finally:
-        if relaunched is not None:
-            relaunched.server.stop()
-            relaunched.listener.close()
-
-
 @pytest.mark.timing
-def test_watchdog_pings_follow_engine_progress(model_dir: Path, tmp_path: Path) -> None:
+def test_watchdog_pings_follow_engine_progress(notified_gateway: NotifiedGateway) -> None:
     """With the gateway's own stall rule off (health.stall_timeout_s: 0), WatchdogSec= still
     catches a stall: pings go on through the engine start (a long first start cannot trip the
     watchdog; TimeoutStartSec bounds it) and while requests stream, stop while the engine core is
     stopped (SIGSTOP) with requests pending, and resume once it moves again."""
-    gw = launch_notified_gateway(tmp_path, env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "0"})
+    gw = notified_gateway
+    assert alive(gw)
     interval = gw.watchdog_usec / 1e6 / 2
     cores = engine_core_processes(gw.server.proc.pid)
     try:
@@ -179,8 +141,45 @@ def test_watchdog_pings_follow_engine_progress(model_dir: Path, tmp_path: Path) 
                 core.resume()
             except Exception:
                 pass
-        gw.server.stop()
-        gw.listener.close()
+
+
+def test_stopping_on_sigterm_while_a_request_drains(
+    notified_gateway: NotifiedGateway, tmp_path: Path
+) -> None:
+    """SIGTERM (what `systemctl stop` sends to the main process, KillMode=mixed): STOPPING=1 at once,
+    /ready turns 503, the in-flight stream still completes, the process exits 0."""
+    gw = notified_gateway
+    relaunched = None
+    if not alive(gw):  # the reload test's SIGHUP ended it (no reload support): start another
+        relaunched = gw = launch_notified_gateway(tmp_path / "relaunched")
+    try:
+        result: dict[str, object] = {}
+
+        def stream() -> None:
+            body = {"model": SERVED_NAME, "prompt": "Tell a story.", "max_tokens": 48, "stream": True,
+                    "ignore_eos": True}
+            with httpx.stream("POST", gw.server.base_url + "/v1/completions", json=body, timeout=120) as r:
+                result["status"] = r.status_code
+                result["body"] = r.read().decode()
+
+        start = len(gw.listener.messages)
+        worker = threading.Thread(target=stream)
+        worker.start()
+        time.sleep(1.0)  # the request is generating (48 tokens take ~3 s here)
+        signalled = time.monotonic()
+        gw.server.proc.send_signal(signal.SIGTERM)
+        _, stopping = gw.listener.wait_for("STOPPING", "1", after=start, timeout=10)
+        assert stopping.at - signalled < 2.0
+        assert stopping.pid == gw.server.proc.pid
+        assert httpx.get(gw.server.base_url + "/ready", timeout=5).status_code == 503
+        worker.join(120)
+        assert result.get("status") == 200
+        assert str(result["body"]).rstrip().endswith("data: [DONE]")
+        assert gw.server.proc.wait(60) == 0
+    finally:
+        if relaunched is not None:
+            relaunched.server.stop()
+            relaunched.listener.close()
 
 
 def test_listener_sees_credentials(tmp_path: Path) -> None:
