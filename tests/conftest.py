@@ -235,24 +235,14 @@ def gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     server.stop()
 
 
-@dataclass
-class Reference:
-    """vLLM's own server, launched (maybe ahead of its first test) and not yet waited for."""
-
-    server: ServerProcess
-    tmp: Path
-
-
-_launched_reference: list[Reference] = []
-
-
-def launch_vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Reference:
-    """Start `vllm serve` on the same model and engine settings as configs/embedded-cpu.yaml,
-    without waiting for it (once per session; a second call returns the first launch)."""
+@pytest.fixture(scope="session")
+def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml."""
     import yaml
 
-    if _launched_reference:
-        return _launched_reference[0]
+    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
+        yield _Running(url)  # type: ignore[misc]
+        return
     profile = yaml.safe_load(CONFIG.read_text())["engine"]
     tmp = tmp_path_factory.mktemp("vllm-reference")
     for sub in ("cache", "run", "tmp"):
@@ -293,24 +283,8 @@ def launch_vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFact
         cmd.append("--no-enable-prefix-caching")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=env)
-    _launched_reference.append(Reference(ServerProcess(proc, port, log_path), tmp))
-    return _launched_reference[0]
-
-
-def stop_vllm_reference() -> None:
-    for reference in _launched_reference:
-        reference.server.stop()
-        shutil.rmtree(reference.tmp / "run", ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml
-    (tests/integration/conftest.py launches it ahead, so its start overlaps earlier tests)."""
-    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
-        yield _Running(url)  # type: ignore[misc]
-        return
-    server = launch_vllm_reference(model_dir, tmp_path_factory).server
+    server = ServerProcess(proc, port, log_path)
     wait_ready(server, path="/health")
     yield server
-    stop_vllm_reference()
+    server.stop()
+    shutil.rmtree(tmp / "run", ignore_errors=True)

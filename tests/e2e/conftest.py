@@ -320,9 +320,9 @@ def launch_notified_gateway(tmp: Path, env: dict[str, str] | None = None) -> Not
 @pytest.fixture(scope="session")
 def notified_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NotifiedGateway]:
     """A second gateway process, started with NOTIFY_SOCKET: the notify tests watch it, and the
-    nginx tests use it as the second upstream instance (before the notify tests stop it). Its
-    own stall rule is off (health.stall_timeout_s: 0), so the watchdog test can show that
-    WatchdogSec= alone catches a stopped engine."""
+    nginx and observability tests use it as their second instance (before the notify tests stop
+    it). Its own stall rule is off (health.stall_timeout_s: 0), so the watchdog test can show
+    that WatchdogSec= alone catches a stopped engine."""
     gw = launch_notified_gateway(tmp_path_factory.mktemp("notified"), env={"LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": "0"})
     yield gw
     gw.server.stop()

@@ -579,57 +579,53 @@ def promql_regex(literal: str) -> str:
     return re.escape(literal).replace("\\", "\\\\")
 
 
-def test_two_instances_are_scraped_and_split_by_instance(gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_two_instances_are_scraped_and_split_by_instance(gateway, notified_gateway, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """One Prometheus scraping two gateway instances (the one-gateway-per-GPU layout): the
     dashboard's `$instance` variable lists both, its per-instance panels split them, "All" sums
-    them, and selecting one instance keeps only its series."""
-    from tests.conftest import start_gateway
+    them, and selecting one instance keeps only its series. The second instance is the session's
+    notified gateway (the systemd notify tests, later in file order, stop it)."""
+    second = notified_gateway.server
+    assert second.proc.poll() is None
+    instances = [urllib.parse.urlsplit(s.base_url).netloc for s in (gateway, second)]
+    for server in (gateway, second):  # the series exist before the first scrape (increase() needs that)
+        assert complete(server.base_url, prompt="Warm-up:", max_tokens=2).status_code == 200
+    (tmp_path / "prom").mkdir()
+    with running_prometheus(tmp_path / "prom", instances) as prom:
+        sent = {}
+        for server, n in ((gateway, 2), (second, 3)):
+            for i in range(n):
+                assert complete(server.base_url, prompt=f"Instance load {i}:", max_tokens=4).status_code == 200
+            assert stream_complete(server.base_url, prompt="Streamed:", max_tokens=4, ignore_eos=True)
+            sent[server.base_url] = value(samples(scrape(server.base_url)), "gateway_requests_total", route=COMPLETIONS)
 
-    (tmp_path / "second").mkdir()
-    second = start_gateway(tmp_path / "second")
-    try:
-        instances = [urllib.parse.urlsplit(s.base_url).netloc for s in (gateway, second)]
-        for server in (gateway, second):  # the series exist before the first scrape (increase() needs that)
-            assert complete(server.base_url, prompt="Warm-up:", max_tokens=2).status_code == 200
-        (tmp_path / "prom").mkdir()
-        with running_prometheus(tmp_path / "prom", instances) as prom:
-            sent = {}
-            for server, n in ((gateway, 2), (second, 3)):
-                for i in range(n):
-                    assert complete(server.base_url, prompt=f"Instance load {i}:", max_tokens=4).status_code == 200
-                assert stream_complete(server.base_url, prompt="Streamed:", max_tokens=4, ignore_eos=True)
-                sent[server.base_url] = value(samples(scrape(server.base_url)), "gateway_requests_total", route=COMPLETIONS)
+        def scraped_all() -> bool:
+            got = {s["metric"]["instance"]: float(s["value"][1]) for s in prom.query(
+                f'sum by (instance) (gateway_requests_total{{job="llm-gateway", route="{COMPLETIONS}"}})')}
+            return all(got.get(inst, 0) >= sent[srv.base_url] for inst, srv in zip(instances, (gateway, second)))
 
-            def scraped_all() -> bool:
-                got = {s["metric"]["instance"]: float(s["value"][1]) for s in prom.query(
-                    f'sum by (instance) (gateway_requests_total{{job="llm-gateway", route="{COMPLETIONS}"}})')}
-                return all(got.get(inst, 0) >= sent[srv.base_url] for inst, srv in zip(instances, (gateway, second)))
+        assert wait_for(scraped_all, timeout=60, interval=1.0), "Prometheus never scraped the load"
+        wait_for(lambda: False, timeout=2 * float(SCRAPE[:-1]))  # one more scrape for the rates
 
-            assert wait_for(scraped_all, timeout=60, interval=1.0), "Prometheus never scraped the load"
-            wait_for(lambda: False, timeout=2 * float(SCRAPE[:-1]))  # one more scrape for the rates
+        dash = json.loads(DASHBOARD.read_text())
+        variable = next(v for v in dash["templating"]["list"] if v["name"] == "instance")
+        listed = {s["metric"]["instance"] for s in prom.query(variable["query"]["query"].replace(
+            "label_values(", "").rsplit(",", 1)[0])}
+        assert listed == set(instances)
 
-            dash = json.loads(DASHBOARD.read_text())
-            variable = next(v for v in dash["templating"]["list"] if v["name"] == "instance")
-            listed = {s["metric"]["instance"] for s in prom.query(variable["query"]["query"].replace(
-                "label_values(", "").rsplit(",", 1)[0])}
-            assert listed == set(instances)
+        per_instance = [(p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row"
+                        for t in p["targets"] if "by (instance" in t["expr"]]
+        assert len(per_instance) >= 3, per_instance
+        for title, expr in per_instance:
+            every = prom.query(substitute(expr))
+            assert {s["metric"]["instance"] for s in every} == set(instances), (title, every)
+            only = prom.query(substitute(expr.replace("$instance", promql_regex(instances[1]))))
+            assert {s["metric"]["instance"] for s in only} == {instances[1]}, (title, only)
 
-            per_instance = [(p["title"], t["expr"]) for p in dash["panels"] if p["type"] != "row"
-                            for t in p["targets"] if "by (instance" in t["expr"]]
-            assert len(per_instance) >= 3, per_instance
-            for title, expr in per_instance:
-                every = prom.query(substitute(expr))
-                assert {s["metric"]["instance"] for s in every} == set(instances), (title, every)
-                only = prom.query(substitute(expr.replace("$instance", promql_regex(instances[1]))))
-                assert {s["metric"]["instance"] for s in only} == {instances[1]}, (title, only)
-
-            # An aggregate panel with "All" is the sum of the two instances.
-            rate = (f'sum(increase(gateway_requests_total{{job="llm-gateway", instance=~"$instance", '
-                    f'route="{COMPLETIONS}"}}[{RATE_WINDOW}]))')
-            at = time.time()  # one evaluation time, so the three extrapolations match
-            total = float(prom.query(substitute(rate), at)[0]["value"][1])
-            parts = [float(prom.query(substitute(rate.replace("$instance", promql_regex(i))), at)[0]["value"][1])
-                     for i in instances]
-            assert total == pytest.approx(sum(parts)) and all(p > 0 for p in parts), (total, parts)
-    finally:
-        second.stop()
+        # An aggregate panel with "All" is the sum of the two instances.
+        rate = (f'sum(increase(gateway_requests_total{{job="llm-gateway", instance=~"$instance", '
+                f'route="{COMPLETIONS}"}}[{RATE_WINDOW}]))')
+        at = time.time()  # one evaluation time, so the three extrapolations match
+        total = float(prom.query(substitute(rate), at)[0]["value"][1])
+        parts = [float(prom.query(substitute(rate.replace("$instance", promql_regex(i))), at)[0]["value"][1])
+                 for i in instances]
+        assert total == pytest.approx(sum(parts)) and all(p > 0 for p in parts), (total, parts)

@@ -194,8 +194,7 @@ def test_engine_that_fails_to_start_rolls_back(reloadable: tuple[ServerProcess, 
 
 @pytest.mark.timing
 @pytest.mark.parametrize("strategy", ["blue-green", "drain-swap"])
-def test_sigterm_while_a_reload_starts_an_engine(reloadable: tuple[ServerProcess, Path], tmp_path: Path,
-                                                 strategy: str) -> None:
+def test_sigterm_while_a_reload_starts_an_engine(request: pytest.FixtureRequest, tmp_path: Path, strategy: str) -> None:
     """SIGTERM while a reload is starting the new engine: the reload answers 503 at once, a request
     queued behind it gets 503, the process exits 0 within seconds and leaves no engine process.
     The drain-swap variant runs last in the module and ends the module's gateway; the blue-green
@@ -204,7 +203,10 @@ def test_sigterm_while_a_reload_starts_an_engine(reloadable: tuple[ServerProcess
 
     from tests.conftest import descendants, wait_for_engine_core
 
-    server = reloadable[0] if strategy == "drain-swap" else start_gateway(tmp_path, config=CONFIG)
+    if strategy == "drain-swap":
+        server = request.getfixturevalue("reloadable")[0]
+    else:
+        server = start_gateway(tmp_path, config=CONFIG)
     assert server.proc.poll() is None and server.log().count("starting vLLM") >= 1
     starts_before = server.log().count("starting vLLM")
     try:

@@ -2,8 +2,8 @@
 datagram socket the test listens on (tests/e2e/conftest.NotifyListener), with the sender's pid
 taken from SCM_CREDENTIALS the way systemd checks NotifyAccess=main.
 
-These tests run after the nginx tests (file order), which use the same process as their second
-upstream instance; the last one stops it.
+These tests run after the nginx and observability tests (file order), which use the same process
+as their second instance; the last one here stops it.
 """
 
 from __future__ import annotations
