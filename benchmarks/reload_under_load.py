@@ -46,7 +46,7 @@ from typing import Any
 
 from benchmarks.fixtures import random_weights, synth_tokenizer
 from benchmarks.lib import servers
-from benchmarks.lib.reload_report import baseline_stats, max_ms, table, window_stats
+from benchmarks.lib.reload_report import baseline_stats, error_counts, max_ms, table, window_stats
 from benchmarks.lib.servers import ROOT
 
 STRATEGIES = ("drain-swap", "blue-green")
@@ -183,11 +183,7 @@ async def drive(a: argparse.Namespace, base_url: str, model: str, out: Path, t_e
                                                    fresh_v2 == in_place_v2, "no load during either answer", common))
     reqs = as_dicts()
     ok = [r for r in reqs if r["ok"]]
-    errors: dict[str, int] = {}
-    for r in reqs:
-        if not r["ok"]:
-            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
-            errors[key] = errors.get(key, 0) + 1
+    errors = error_counts(reqs)
     run = {"bench": "gpu_reload", "kind": "run", "requests": len(reqs), "failed": len(reqs) - len(ok),
            "errors": errors, "max_ttft_ms": max_ms([r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
            "max_e2e_ms": max_ms([r["latency_s"] for r in reqs if r["latency_s"] is not None]),

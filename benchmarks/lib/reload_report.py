@@ -22,6 +22,16 @@ def max_ms(values: list[float]) -> float | None:
     return None if not values else round(max(values) * 1000.0, 1)
 
 
+def error_counts(reqs: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the failed requests failed each way (the error, or the HTTP status)."""
+    errors: dict[str, int] = {}
+    for r in reqs:
+        if not r["ok"]:
+            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
+            errors[key] = errors.get(key, 0) + 1
+    return errors
+
+
 def window_stats(reqs: list[dict[str, Any]], t0: float, t1: float) -> dict[str, Any]:
     """Requests that overlap [t0, t1] (in flight at some point of it, or sent during it).
 
@@ -29,11 +39,7 @@ def window_stats(reqs: list[dict[str, Any]], t0: float, t1: float) -> dict[str, 
     """
     hit = [r for r in reqs if r["sent_s"] <= t1 and r["sent_s"] + (r.get("latency_s") or 0.0) >= t0]
     ok = [r for r in hit if r["ok"]]
-    errors: dict[str, int] = {}
-    for r in hit:
-        if not r["ok"]:
-            key = (r.get("error") or f"HTTP {r.get('status')}")[:120]
-            errors[key] = errors.get(key, 0) + 1
+    errors = error_counts(hit)
     ttft = [r["ttft_s"] for r in ok if r.get("ttft_s") is not None]
     e2e = [r["latency_s"] for r in hit if r.get("latency_s") is not None]
     return {
