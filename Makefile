@@ -93,10 +93,11 @@ test: model
 test-slow: model
 	$(BIN)/python -m pytest -m slow --run-slow $(PYTEST_ARGS)
 
-# The tests that assert a wall-clock bound, alone: run them on a loaded machine (CI machines are
-# shared), e.g. `stress-ng --cpu 2 & for i in $$(seq 10); do make test-timing || break; done`.
+# The tests that assert a wall-clock bound, alone, ROUNDS times each in a row: run them on a loaded
+# machine (CI machines are shared), e.g. `stress-ng --cpu 2 & make test-timing ROUNDS=10`.
+ROUNDS ?= 1
 test-timing: model
-	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m timing --timing-rounds $(ROUNDS) $(PYTEST_ARGS)
 
 $(COMPAT_STAMP): pyproject.toml $(COMPAT_LOCK)
 	@echo "==> installing vLLM 0.26 (CPU) into $(COMPAT_VENV) from $(COMPAT_LOCK) (first time: ~2-5 min, ~5 GB)"

@@ -30,6 +30,17 @@ READY_TIMEOUT_S = 420.0
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+    parser.addoption("--timing-rounds", type=int, default=1, metavar="N",
+                     help="run each test marked `timing` N times in a row (make test-timing ROUNDS=N, under load)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """With --timing-rounds N, every `timing` test runs N times in a row on the same fixtures: a
+    wall-clock bound must hold every time on a loaded machine, not once."""
+    rounds = metafunc.config.getoption("--timing-rounds")
+    if rounds > 1 and metafunc.definition.get_closest_marker("timing") is not None:
+        metafunc.fixturenames.append("timing_round")
+        metafunc.parametrize("timing_round", range(1, rounds + 1), ids=lambda n: f"round{n}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -276,8 +276,13 @@ def test_usage_store_adds_up_both_instances(fleet: Fleet) -> None:
 
 @pytest.mark.timing
 def test_a_key_removed_by_sighup_gets_401_at_once(fleet: Fleet) -> None:
+    if status_of(fleet.a, "sk-leaving") == 401:  # a round of make test-timing removed it: the first file again
+        fleet.keys_path.write_text(yaml.safe_dump({"keys": ENTRIES}, sort_keys=False))
+        for server in fleet.servers:
+            assert httpx.post(server.base_url + "/admin/reload", headers=ADMIN, timeout=60).status_code == 200
     assert [status_of(server, "sk-leaving") for server in fleet.servers] == [200, 200]
     engines_before = metric(fleet.a, "gateway_engine_reloads_total")
+    keys_reloads = metric(fleet.a, "gateway_tenant_keys_reloads_total", outcome="success")
     fleet.keys_path.write_text(yaml.safe_dump(
         {"keys": [e for e in ENTRIES if e["name"] != "leaving"] + [{"name": "late", "key": hashed("sk-late")}]},
         sort_keys=False))
@@ -289,7 +294,7 @@ def test_a_key_removed_by_sighup_gets_401_at_once(fleet: Fleet) -> None:
     assert status_of(fleet.b, "sk-leaving") == 200  # b has not re-read its keys yet
     # the keys that stay keep their counts: the budget is still spent
     assert status_of(fleet.a, "sk-budget") == 429
-    assert metric(fleet.a, "gateway_tenant_keys_reloads_total", outcome="success") == 1
+    assert metric(fleet.a, "gateway_tenant_keys_reloads_total", outcome="success") == keys_reloads + 1
     assert metric(fleet.a, "gateway_engine_reloads_total") == engines_before  # the engine was not touched
     assert "engine profile unchanged, the engine keeps serving" in fleet.a.log()
     # /admin/reload does the same on b
