@@ -242,6 +242,9 @@ def running_prometheus(tmp: Path, targets: list[str]) -> Iterator[Prometheus]:
 
 @pytest.fixture(scope="module")
 def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:  # type: ignore[no-untyped-def]
+    # The load's series must exist before the first scrape, or increase() sees none of their first
+    # request (this module alone, e.g. `make test-timing`, starts on a gateway that answered no 400 yet).
+    assert complete(gateway.base_url, prompt="x", max_tokens=-1).status_code == 400
     target = urllib.parse.urlsplit(gateway.base_url).netloc
     with running_prometheus(tmp_path_factory.mktemp("prometheus"), [target]) as prom:
         yield prom

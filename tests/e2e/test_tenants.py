@@ -274,6 +274,17 @@ def test_usage_store_adds_up_both_instances(fleet: Fleet) -> None:
     assert totals["free"]["limits"]["budget_tokens"] is None and totals["rpm-limited"]["errors"] >= 1
 
 
+def spend_budget(server: ServerProcess) -> None:
+    """Use up tenant `budgeted`'s budget (one refusal when an earlier test spent it already)."""
+    for _ in range(BUDGET // 20 + 2):
+        r = httpx.post(server.base_url + "/v1/completions", headers={"Authorization": "Bearer sk-budget"}, timeout=60,
+                       json={"prompt": [1, 2], "max_tokens": 20, "ignore_eos": True})
+        if r.status_code == 429:
+            return
+        assert r.status_code == 200, r.text
+    raise AssertionError(f"{BUDGET} tokens of budget were never spent")
+
+
 @pytest.mark.timing
 def test_a_key_removed_by_sighup_gets_401_at_once(fleet: Fleet) -> None:
     if status_of(fleet.a, "sk-leaving") == 401:  # a round of make test-timing removed it: the first file again
@@ -281,6 +292,7 @@ def test_a_key_removed_by_sighup_gets_401_at_once(fleet: Fleet) -> None:
         for server in fleet.servers:
             assert httpx.post(server.base_url + "/admin/reload", headers=ADMIN, timeout=60).status_code == 200
     assert [status_of(server, "sk-leaving") for server in fleet.servers] == [200, 200]
+    spend_budget(fleet.a)  # spent before the reload, it must stay spent after it
     engines_before = metric(fleet.a, "gateway_engine_reloads_total")
     keys_reloads = metric(fleet.a, "gateway_tenant_keys_reloads_total", outcome="success")
     fleet.keys_path.write_text(yaml.safe_dump(
