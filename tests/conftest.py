@@ -95,21 +95,25 @@ def descendants(pid: int) -> list[int]:
         return []
 
 
-def wait_for_engine_core(pid: int, timeout: float = 120.0) -> list[int]:
-    """The descendants of `pid` once a vLLM engine-core process is among them."""
+def wait_for_engine_core(pid: int, timeout: float = 120.0, count: int = 1) -> list[int]:
+    """The descendants of `pid` once `count` vLLM engine-core processes are among them (2: a
+    blue-green reload's new engine beside the serving one)."""
     import psutil
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        cores = 0
         for child in descendants(pid):
             try:
                 proc = psutil.Process(child)
                 if "EngineCor" in proc.name() or "EngineCore" in " ".join(proc.cmdline()):
-                    return descendants(pid)
+                    cores += 1
             except psutil.NoSuchProcess:
                 pass
+        if cores >= count:
+            return descendants(pid)
         time.sleep(0.1)
-    raise AssertionError(f"no vLLM engine-core process under {pid} after {timeout} s")
+    raise AssertionError(f"fewer than {count} vLLM engine-core process(es) under {pid} after {timeout} s")
 
 
 def engine_core_processes(pid: int, timeout: float = 60.0) -> list:  # list[psutil.Process]

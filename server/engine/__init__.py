@@ -14,6 +14,7 @@ from server.engine.runtime import (
     prepare_engine_environment,
     release_freed_memory,
     run_abandonable,
+    starts_running,
 )
 from server.engine.types import (
     ChoiceOutput,
@@ -51,4 +52,5 @@ __all__ = [
     "prepare_engine_environment",
     "release_freed_memory",
     "run_abandonable",
+    "starts_running",
 ]

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from server.app import build_app
-from server.engine import VllmEngine, note_stop_signal
+from server.engine import VllmEngine, note_stop_signal, starts_running
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
@@ -34,7 +35,12 @@ from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
 from server.runner.http_options import uvicorn_http_options
 from server.runner.notify import Notifier
 from server.runner.process_group import isolate_engine_processes
-from server.runner.processes import become_subreaper, terminate_children, wait_for_engine_processes
+from server.runner.processes import (
+    become_subreaper,
+    end_abandoned_starts,
+    terminate_children,
+    wait_for_engine_processes,
+)
 from server.settings import Settings
 from server.settings.checks import profile_warnings
 from server.tenants.service import Tenancy
@@ -44,6 +50,12 @@ logger = logging.getLogger("llm_gateway")
 ENGINE_WATCH_INTERVAL_S = 1.0
 # vLLM's workers took ~3.5 s to exit after a process-group SIGINT on 2 CPU cores.
 ENGINE_EXIT_WAIT_S = 15.0
+# How long a stop waits for an abandoned engine start's thread (its processes are ended at once).
+ABANDONED_START_WAIT_S = 20.0
+# Once the HTTP server has stopped, the rest of a stop (engine teardown, waiting for its processes,
+# the interpreter's exit) gets this long; then the gateway ends what is left and exits. Within
+# the units' TimeoutStopSec after the drain, so systemd never needs its SIGKILL.
+STOP_BACKSTOP_S = 45.0
 
 
 class _Server(uvicorn.Server):
@@ -158,6 +170,20 @@ class Gateway:
                 self.server.should_exit = True
                 return
 
+    def _arm_stop_backstop(self) -> None:
+        """Exit at the latest STOP_BACKSTOP_S from now, whatever teardown still waits on (a vLLM
+        finalizer, an engine start nobody can interrupt, a child the interpreter joins at exit)."""
+        def expire() -> None:
+            logger.warning("the stop is still not done %.0f s after the server stopped: ending the engine "
+                           "processes and exiting", STOP_BACKSTOP_S)
+            terminate_children(grace_s=0)
+            logging.shutdown()
+            os._exit(self.exit_code)
+
+        backstop = threading.Timer(STOP_BACKSTOP_S, expire)
+        backstop.daemon = True  # never what keeps the process alive
+        backstop.start()
+
     def request_stop(self, sig: signal.Signals) -> None:
         if self._stopping:
             if self._finishing:
@@ -221,7 +247,9 @@ class Gateway:
         finally:
             if self.holder.is_ready():
                 self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
-        if self._freeze_gc:  # whatever the outcome, an engine may have been retired or abandoned
+        # Whatever the outcome, an engine may have been retired or abandoned. Not once shutdown
+        # began: a full collection can run vLLM finalizers that wait on an abandoned engine start.
+        if self._freeze_gc and not self._stopping and not self.holder.closing:
             logger.info("heap frozen again after the reload (%.0f ms)", 1000 * refreeze_heap())
         if result.outcome == "success":
             self.config_path = path
@@ -295,12 +323,13 @@ class Gateway:
                 self.notifier.stopping("stopping")
             self._stopping = True
             self._finishing = True
+            self._arm_stop_backstop()
             drained = await self.holder.stop(drain_timeout=0 if self.server.force_exit else 1.0)
             if self.holder.starting:
                 # An engine start (first start or a reload) cannot be interrupted and may take
                 # minutes on a GPU; ending its processes makes it fail at once instead.
                 logger.warning("an engine was still starting: terminating its processes")
-                terminate_children(grace_s=5.0)
+                await asyncio.to_thread(end_abandoned_starts, starts_running, ABANDONED_START_WAIT_S)
             else:
                 # Engine processes that got the stop signal themselves (Ctrl-C signals the whole
                 # process group) may still be stopping: exit after them, never leave orphans.

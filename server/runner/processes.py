@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
 import psutil
 
@@ -54,6 +56,25 @@ def wait_for_engine_processes(wait_s: float) -> None:
         logger.warning("%d engine process(es) still running %.0f s after the engine stopped: terminating",
                        len(alive), wait_s)
         end_processes(alive, grace_s=5.0)
+
+
+def end_abandoned_starts(starts_running: Callable[[], int], limit_s: float) -> bool:
+    """End the engine processes of starts that nobody waits for any more, including those the
+    start threads spawn while this runs, until no start thread is left (at most `limit_s`).
+
+    An engine start cannot be interrupted: its thread may spawn the engine core (and the core
+    its workers) after a first sweep. Ending each process as it appears makes the start fail at
+    once, so the gateway exits in seconds and leaves nothing behind. True when none was left.
+    """
+    deadline = time.monotonic() + limit_s
+    while True:
+        end_processes(engine_processes(), grace_s=2.0)
+        if not starts_running() and not engine_processes():
+            return True
+        if time.monotonic() >= deadline:
+            logger.warning("an abandoned engine start still runs %.0f s after the stop: exiting without it", limit_s)
+            return False
+        time.sleep(0.2)
 
 
 def terminate_children(grace_s: float) -> None:

@@ -221,7 +221,8 @@ def test_sigterm_while_a_reload_starts_an_engine(request: pytest.FixtureRequest,
         while server.log().count("starting vLLM") < starts_before + 1 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert server.log().count("starting vLLM") == starts_before + 1, server.log()[-3000:]
-        wait_for_engine_core(server.proc.pid)  # the new engine is loading (drain-swap: the old one is gone)
+        # The new engine is loading: beside the serving one (blue-green), or alone (drain-swap).
+        wait_for_engine_core(server.proc.pid, count=2 if strategy == "blue-green" else 1)
         queued: dict[str, httpx.Response] = {}
         late = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
             server.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60)))
