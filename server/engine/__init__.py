@@ -14,7 +14,6 @@ from server.engine.runtime import (
     prepare_engine_environment,
     release_freed_memory,
     run_abandonable,
-    starts_running,
 )
 from server.engine.types import (
     ChoiceOutput,
@@ -52,5 +51,4 @@ __all__ = [
     "prepare_engine_environment",
     "release_freed_memory",
     "run_abandonable",
-    "starts_running",
 ]

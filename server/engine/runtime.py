@@ -37,26 +37,6 @@ def release_freed_memory() -> None:
         pass
 
 
-_START_THREADS: set[threading.Thread] = set()
-
-
-def starts_running() -> int:
-    """Engine starts (and discards of abandoned ones) whose threads still run.
-
-    A stopping gateway waits for these, ending the engine processes they spawn meanwhile: an
-    abandoned start may spawn its engine core after the stop ended every child it could see.
-    """
-    return sum(1 for thread in list(_START_THREADS) if thread.is_alive())
-
-
-def _start_thread(target: Callable[..., None], name: str, args: tuple[Any, ...] = ()) -> None:
-    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-    _START_THREADS.add(thread)
-    thread.start()
-    for ended in [t for t in _START_THREADS if not t.is_alive() and t is not thread]:
-        _START_THREADS.discard(ended)
-
-
 async def run_abandonable(work: Callable[[], T], discard: Callable[[T], None], name: str) -> T:
     """Run blocking `work` in a daemon thread; if the caller is cancelled, `discard` its result.
 
@@ -71,7 +51,7 @@ async def run_abandonable(work: Callable[[], T], discard: Callable[[T], None], n
     def deliver(ok: bool, value: Any) -> None:
         if result.cancelled():
             if ok:
-                _start_thread(discard, f"{name}-discard", (value,))
+                threading.Thread(target=discard, args=(value,), name=f"{name}-discard", daemon=True).start()
             return
         if ok:
             result.set_result(value)
@@ -89,7 +69,7 @@ async def run_abandonable(work: Callable[[], T], discard: Callable[[T], None], n
             if ok:
                 discard(value)
 
-    _start_thread(target, name)
+    threading.Thread(target=target, name=name, daemon=True).start()
     return await result
 
 

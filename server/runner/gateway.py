@@ -25,7 +25,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from server.app import build_app
-from server.engine import VllmEngine, note_stop_signal, starts_running
+from server.engine import VllmEngine, note_stop_signal
 from server.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, ReloadResult
 from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
@@ -50,7 +50,10 @@ logger = logging.getLogger("llm_gateway")
 ENGINE_WATCH_INTERVAL_S = 1.0
 # vLLM's workers took ~3.5 s to exit after a process-group SIGINT on 2 CPU cores.
 ENGINE_EXIT_WAIT_S = 15.0
-# How long a stop waits for an abandoned engine start's thread (its processes are ended at once).
+# A stop with an engine start under way ends the start's processes as they appear, until none has
+# appeared for ABANDONED_START_QUIET_S (its thread may spawn the engine core seconds after the
+# stop began on a loaded machine), for at most ABANDONED_START_WAIT_S.
+ABANDONED_START_QUIET_S = 5.0
 ABANDONED_START_WAIT_S = 20.0
 # Once the HTTP server has stopped, the rest of a stop (engine teardown, waiting for its processes,
 # the interpreter's exit) gets this long; then the gateway ends what is left and exits. Within
@@ -329,7 +332,7 @@ class Gateway:
                 # An engine start (first start or a reload) cannot be interrupted and may take
                 # minutes on a GPU; ending its processes makes it fail at once instead.
                 logger.warning("an engine was still starting: terminating its processes")
-                await asyncio.to_thread(end_abandoned_starts, starts_running, ABANDONED_START_WAIT_S)
+                await asyncio.to_thread(end_abandoned_starts, ABANDONED_START_QUIET_S, ABANDONED_START_WAIT_S)
             else:
                 # Engine processes that got the stop signal themselves (Ctrl-C signals the whole
                 # process group) may still be stopping: exit after them, never leave orphans.

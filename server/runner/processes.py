@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 
 import psutil
 
@@ -58,21 +57,26 @@ def wait_for_engine_processes(wait_s: float) -> None:
         end_processes(alive, grace_s=5.0)
 
 
-def end_abandoned_starts(starts_running: Callable[[], int], limit_s: float) -> bool:
-    """End the engine processes of starts that nobody waits for any more, including those the
-    start threads spawn while this runs, until no start thread is left (at most `limit_s`).
+def end_abandoned_starts(quiet_s: float, limit_s: float) -> bool:
+    """End the engine processes of a start that nobody waits for any more, including those it
+    spawns while this runs, until none has appeared for `quiet_s` (at most `limit_s`).
 
-    An engine start cannot be interrupted: its thread may spawn the engine core (and the core
-    its workers) after a first sweep. Ending each process as it appears makes the start fail at
-    once, so the gateway exits in seconds and leaves nothing behind. True when none was left.
+    An engine start cannot be interrupted: its thread may spawn the engine core (and the core its
+    workers) after a first sweep, and the interpreter's exit would then wait for that core to come
+    up. Ending each process as it appears makes the start fail at once instead. True when the
+    sweep saw no process for `quiet_s` before the limit.
     """
     deadline = time.monotonic() + limit_s
+    last_seen = time.monotonic()
     while True:
-        end_processes(engine_processes(), grace_s=2.0)
-        if not starts_running() and not engine_processes():
+        processes = engine_processes()
+        if processes:
+            end_processes(processes, grace_s=2.0)
+            last_seen = time.monotonic()
+        elif time.monotonic() - last_seen >= quiet_s:
             return True
         if time.monotonic() >= deadline:
-            logger.warning("an abandoned engine start still runs %.0f s after the stop: exiting without it", limit_s)
+            logger.warning("engine processes still appear %.0f s after the stop: exiting without them", limit_s)
             return False
         time.sleep(0.2)
 

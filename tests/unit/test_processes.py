@@ -8,61 +8,71 @@ import textwrap
 
 from tests.conftest import ROOT
 
-# Run in a process of its own: the sweep ends every child of the process it runs in.
-SCRIPT = textwrap.dedent("""
-    import asyncio, subprocess, sys, threading, time
+# Each case runs in a process of its own: the sweep ends every child of the process it runs in.
+LATE_CORE = textwrap.dedent("""
+    import subprocess, sys, threading, time
 
-    from server.engine import run_abandonable, starts_running
-    from server.runner.processes import end_abandoned_starts
+    from server.runner.processes import end_abandoned_starts, terminate_children
+
+    def sleeper():
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     spawned = []
 
     def start():  # as vLLM's start: the engine core comes later, then the handshake waits on it
-        time.sleep(1.0)
-        core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        time.sleep(1.5)
+        core = sleeper()
         spawned.append(core)
-        if core.wait() != 0:
-            raise RuntimeError("engine core initialization failed")
-        return "engine"
+        core.wait()
 
-    async def main():
-        task = asyncio.ensure_future(run_abandonable(start, lambda engine: None, name="fake-start"))
-        await asyncio.sleep(0.1)
-        task.cancel()  # shutdown began: the start is abandoned, its thread runs on
-        assert starts_running() == 1
-        t0 = time.monotonic()
-        done = await asyncio.to_thread(end_abandoned_starts, starts_running, 20.0)
-        took = time.monotonic() - t0
-        assert done, "the start thread should have ended"
-        assert spawned and spawned[0].returncode is not None, "the late engine core should be ended"
-        assert starts_running() == 0
-        assert took < 10, took
-        print(f"ok {took:.1f}")
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    assert end_abandoned_starts(quiet_s=3.0, limit_s=20.0)
+    took = time.monotonic() - t0
+    assert spawned and spawned[0].poll() is not None, "the late engine core should be ended"
+    thread.join(5)
+    assert not thread.is_alive(), "the start should fail once its engine core is gone"
+    print(f"ok {took:.1f}")
+""")
 
-    asyncio.run(main())
+NEVER_QUIET = textwrap.dedent("""
+    import os, subprocess, sys, threading, time
+
+    from server.runner.processes import end_abandoned_starts, terminate_children
+
+    def sleeper():
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def respawn():  # a start that keeps spawning: the sweep must still give up at its limit
+        while True:
+            sleeper().wait()
+
+    threading.Thread(target=respawn, daemon=True).start()
+    t0 = time.monotonic()
+    assert end_abandoned_starts(quiet_s=3.0, limit_s=2.0) is False
+    print(f"ok {time.monotonic() - t0:.1f}", flush=True)
+    terminate_children(grace_s=0)
+    os._exit(0)  # the respawning thread would go on
 """)
 
 
-def test_a_stop_ends_the_engine_core_an_abandoned_start_spawns_late() -> None:
-    """The first sweep finds nothing; the start thread spawns its engine core a second later.
-    The sweep keeps ending new processes until the thread is gone, then reports success."""
-    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.startswith("ok"), out.stdout
-
-
-def test_the_sweep_gives_up_after_its_limit_when_a_start_never_ends() -> None:
-    script = textwrap.dedent("""
-        import threading, time
-        from server.engine import runtime
-        from server.runner.processes import end_abandoned_starts
-
-        runtime._start_thread(lambda: time.sleep(30), "stuck-start")
-        t0 = time.monotonic()
-        assert end_abandoned_starts(runtime.starts_running, 1.0) is False
-        print(f"ok {time.monotonic() - t0:.1f}")
-    """)
+def run(script: str) -> float:
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
-    took = float(out.stdout.split()[1])
-    assert 1.0 <= took < 15, took
+    assert out.stdout.startswith("ok"), out.stdout
+    return float(out.stdout.split()[1])
+
+
+def test_a_stop_ends_the_engine_core_an_abandoned_start_spawns_late() -> None:
+    """The first sweep finds nothing; the start spawns its engine core 1.5 s later. The sweep
+    ends it and returns once no process has appeared for the quiet time."""
+    took = run(LATE_CORE)
+    assert 4.5 <= took < 20, took  # 1.5 s until the core, then 3 s quiet
+
+
+def test_the_sweep_gives_up_at_its_limit_when_processes_keep_appearing() -> None:
+    took = run(NEVER_QUIET)
+    assert 2.0 <= took < 15, took
