@@ -118,6 +118,9 @@ class Gateway:
         try:
             await self.holder.start()
         except Exception as exc:
+            if self._stopping:  # the stop ended the start's processes: its failure is the stop's doing
+                logger.info("the engine start ended with the stop: %s", exc)
+                return
             logger.error("engine failed to start: %s", exc, exc_info=not isinstance(exc, FileNotFoundError))
             self.exit_code = 1
             self.server.should_exit = True

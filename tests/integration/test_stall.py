@@ -28,6 +28,8 @@ pytestmark = pytest.mark.timing  # every test here bounds a detection time
 
 SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s on a quiet machine
 LONG_PROMPT = 4000  # tokens: one prompt is one engine step (max_num_batched_tokens 4096)
+PREFILLS = 6  # long prompts sent at once: the last answer waits for all their steps
+PREFILL_STALL_STEPS = 4  # the timeout in steps: above any one step even if the machine slows 4x
 
 
 def fresh_prompt(rng: random.Random) -> list[int]:
@@ -187,37 +189,52 @@ def test_a_stop_shorter_than_the_timeout_is_not_a_stall(watched: Watched) -> Non
 
 
 def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
-    """Five fresh 4,000-token prompts at once: each is one engine step of about 1/3 of the
-    timeout, without any output, and the last answer waits for all five steps, longer than the
-    timeout, while the engine reports every step."""
-    stall_s, step_s, watched = watched.stall_s, watched.step_s, watched.server
+    """Fresh 4,000-token prompts at once: each is one engine step of about a quarter of the
+    timeout, without any output, and the last answer waits for all of them, longer than the
+    timeout, while the engine reports every step.
+
+    The timeout is set from a step measured just before (a shared machine's speed drifts over a
+    module). If the machine then sped up so much that the last answer came within the timeout,
+    the check was not real: it runs once more on a new measurement."""
+    server = watched.alive()
     rng = random.Random(7)
-    prompts = [fresh_prompt(rng) for _ in range(5)]
+    for attempt in range(2):
+        step_s = prefill_s(server, fresh_prompt(rng))
+        watched.set_stall_timeout(round(max(10.0, PREFILL_STALL_STEPS * step_s), 1))
+        stall_s = watched.stall_s
+        answers, health_seen = prefills_at_once(server, [fresh_prompt(rng) for _ in range(PREFILLS)])
+        assert len(answers) == PREFILLS, server.log()[-3000:]
+        print(f"engine step of one 4,000-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
+              f"{PREFILLS} at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
+        assert set(health_seen) == {200}
+        if max(answers) > stall_s:
+            break
+        assert attempt == 0, f"not a real check: the last answer took only {max(answers):.1f} s"
+    metrics = httpx.get(server.base_url + "/metrics", timeout=5).text
+    assert "gateway_engine_stalls_total 0.0" in metrics
+
+
+def prefills_at_once(server: ServerProcess, prompts: list[list[int]]) -> tuple[list[float], list[int]]:
+    """Each prompt's answer time, and the /health codes seen meanwhile (every 0.2 s)."""
     answers: list[float] = []
     health_seen: list[int] = []
     done = threading.Event()
 
     def probe() -> None:
         while not done.is_set():
-            health_seen.append(health(watched).status_code)
+            health_seen.append(health(server).status_code)
             time.sleep(0.2)
 
     prober = threading.Thread(target=probe)
     prober.start()
-    threads = [threading.Thread(target=lambda p=p: answers.append(prefill_s(watched, p))) for p in prompts]
+    threads = [threading.Thread(target=lambda p=p: answers.append(prefill_s(server, p))) for p in prompts]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
     done.set()
     prober.join(10)
-    assert len(answers) == 5
-    print(f"engine step of one 4,000-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
-          f"5 at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
-    assert max(answers) > stall_s, f"not a real check: the last answer took only {max(answers):.1f} s"
-    assert set(health_seen) == {200}
-    metrics = httpx.get(watched.base_url + "/metrics", timeout=5).text
-    assert "gateway_engine_stalls_total 0.0" in metrics
+    return answers, health_seen
 
 
 def test_idle_then_a_stopped_engine_core_is_detected_failed_and_the_gateway_exits(watched: Watched) -> None:
