@@ -74,7 +74,7 @@ class Tenancy:
             return None
         decision.settled = True
         used = prompt_tokens + completion_tokens
-        if decision.slot is None and used == decision.reserved and used == decision.budget_held:
+        if decision.slot is None and used == decision.reserved:
             return decision.budget_used  # nothing to give back or take: spare Redis the round trip
         return await self.limiter.settle(decision, used)
 
