@@ -10,6 +10,7 @@ request refused before that point (validation, no engine) takes nothing from the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -65,6 +66,7 @@ class _Admission:
         self.tenant = tenant
         self.param = param  # the route's name for max_tokens, for the "request too large" 429
         self.decision: Decision | None = None
+        self._pending: asyncio.Future[Decision] | None = None
 
     def admitted(self, decision: Decision) -> None:
         self.decision = decision
@@ -78,13 +80,26 @@ class _Admission:
 
     async def admit(self, reserved: int) -> None:
         """Serving's call (`RequestStats.admit`): take `reserved` tokens, or raise the 429."""
-        if self.decision is not None:  # one decision per request
+        if self._pending is not None:  # one decision per request
             return
-        decision = await self.owner._decide(self.tenant, reserved)
+        self._pending = asyncio.ensure_future(self.owner._decide(self.tenant, reserved))
+        # Shielded: a client gone while Redis answers must not lose a decision that took tokens
+        # and a slot; `settled` waits for it and the middleware gives them back.
+        decision = await asyncio.shield(self._pending)
         if not decision.allowed:
             self.refused(decision)
             raise refusal_error(decision, self.owner.tenancy.clock(), self.param)
         self.admitted(decision)
+
+
+    async def settled(self) -> Decision | None:
+        """The decision, once a pending one (its request cancelled) has come back."""
+        if self.decision is None and self._pending is not None and not self._pending.cancelled():
+            try:
+                self.decision = await self._pending
+            except Exception:  # the limiter failed: nothing was taken
+                return None
+        return self.decision
 
 
 class TenantLimitMiddleware:
@@ -211,7 +226,8 @@ class TenantLimitMiddleware:
                 raise
         finally:
             stats = state.stats
-            refused = admission is not None and admission.decision is not None and not admission.decision.allowed
+            decision = await admission.settled() if admission is not None else None
+            refused = decision is not None and not decision.allowed
             # A request its admission refused used nothing, though its prompt was tokenized.
             prompt = stats.prompt_tokens if stats is not None and not refused else 0
             completion = stats.completion_tokens if stats is not None and not refused else 0
@@ -223,8 +239,8 @@ class TenantLimitMiddleware:
             if ended:
                 self._child(self.metrics.tenant_rate_limited, tenant.name, BUDGET).inc()
             if self.tenancy.enabled:
-                decision = admission.decision if admission is not None and not refused else None
-                await self._finish(tenant, decision, prompt, completion, error=status >= 400 or ended)
+                await self._finish(tenant, None if refused else decision, prompt, completion,
+                                   error=status >= 400 or ended)
 
     @staticmethod
     def _over_budget(state: RequestState, decision: Decision) -> bool:

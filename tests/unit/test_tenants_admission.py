@@ -182,3 +182,34 @@ async def test_no_engine_or_a_bad_body_takes_nothing_and_is_never_a_500(tmp_path
         r = await post(gw, "/v1/completions", "sk-budget", {"prompt": "a", "max_tokens": 1})
         assert r.status_code == 200
         assert get(gw.metrics(), "gateway_tenant_budget_used_tokens", tenant="budget") == 2
+
+
+@pytest.mark.anyio
+async def test_a_request_cancelled_while_its_admission_is_decided_gives_everything_back(tmp_path: Path) -> None:
+    from server.middleware.tenant_limits import TenantLimitMiddleware, _Admission
+    from server.request_state import RequestState
+
+    async with Gateway_(tmp_path, keys=KEYS) as gw:
+        limiter = gw.tenancy.limiter
+        assert limiter is not None
+        acquire = limiter.acquire
+
+        async def slow_acquire(tenant: Any, tokens: int) -> Any:  # as a Redis round trip
+            await asyncio.sleep(0.05)
+            return await acquire(tenant, tokens)
+
+        limiter.acquire = slow_acquire  # type: ignore[method-assign]
+        middleware = TenantLimitMiddleware(gw.app, gw.tenancy, gw.gateway_metrics, lambda: "fake")
+        tenant = gw.tenancy.directory.tenants["both"]
+        admission = _Admission(middleware, RequestState(started=0.0, request_id="r"), tenant, "max_tokens")
+        task = asyncio.ensure_future(admission.admit(30))
+        await asyncio.sleep(0.01)
+        task.cancel()  # the client went away while the limiter decided
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        decision = await admission.settled()  # the decision still came back: it took 30 tokens
+        assert decision is not None and decision.allowed and decision.reserved == 30
+        assert await gw.tenancy.finish(tenant, decision, 0, 0, error=True) == 0  # all of it back
+        limiter.acquire = acquire  # type: ignore[method-assign]
+        r = await post(gw, "/v1/completions", "sk-both", {"prompt": [1], "max_tokens": 1})
+        assert 60 - 2 <= remaining(r) <= 60
