@@ -171,7 +171,7 @@ async def test_refunds_are_exact(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_no_engine_or_a_bad_body_takes_nothing_and_is_never_a_500(tmp_path: Path) -> None:
+async def test_a_bad_body_takes_nothing_and_is_never_a_500(tmp_path: Path) -> None:
     async with Gateway_(tmp_path, keys=KEYS) as gw:
         for body in ({"prompt": "a", "max_tokens": 0}, {"prompt": [], "max_tokens": 1}, {"prompt": [10**6]},
                      {"prompt": " ".join(["w"] * 70)}):
