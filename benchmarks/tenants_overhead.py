@@ -41,8 +41,9 @@ from benchmarks.lib.servers import ROOT
 from benchmarks.lib.tenants_report import (KINDS, VLLM_WAYS, scripted_table, summarize_scripted, summarize_vllm,
                                            vllm_table)
 
-# Scripted requests: a text prompt, so the reservation (characters / 4) differs from what the
-# scripted engine counts (a token per word) and every request is settled as a real one is.
+# Scripted requests: a text prompt, tokenized once by serving, whose count the tenant's admission
+# reuses; the GENEROUS limits include max_concurrent, so every request is settled (its slot given
+# back) as a real one is.
 PROMPT = " ".join(["word"] * 32)
 MAX_TOKENS = 16
 

@@ -75,10 +75,6 @@ def build_app(
     tenancy.add_directory_listener(lambda directory: metrics.add_tenants(directory.tenants.values()))
     tenancy.add_keys_reload_listener(lambda outcome: metrics.keys_reloads.labels(outcome=outcome).inc())
 
-    def context_length() -> int | None:
-        engine = holder.engine
-        return engine.info.max_model_len if engine is not None else holder.settings.engine.max_model_len
-
     def weights() -> str | None:
         return holder.weights.fingerprint if holder.weights is not None else None
 
@@ -114,7 +110,7 @@ def build_app(
     app.include_router(ops_routes.build_router(holder, metrics, tenancy, reloader))
     # Starlette wraps in reverse order: access sees everything, auth runs before the body is read,
     # and the tenant limiter reads a body already capped.
-    app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics, context_length=context_length,
+    app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics,
                        served_model=lambda: holder.settings.served_model_name)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(

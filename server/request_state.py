@@ -8,7 +8,7 @@ never a bare string key.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,11 @@ from server.settings.keys_file import Tenant
 
 STATE_KEY = "llm_gateway"
 """The one key the gateway uses in `scope["state"]`."""
+
+
+Admission = Callable[[int], Awaitable[None]]
+"""Reserve this many tokens from the tenant's limits, or raise the 429 (a `GatewayError`) that
+refuses the request."""
 
 
 @dataclass(eq=False, slots=True)
@@ -29,6 +34,12 @@ class RequestStats:
     first_token_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)
     completed: bool = False
+    reserved_tokens: int = 0
+    """The most the request may use (`server.tenants.reservation`): set by serving once the
+    prompt is tokenized, before the engine sees it."""
+    admit: Admission | None = None
+    """The tenant limits' decision on `reserved_tokens` (None when the tenant counts no tokens):
+    serving awaits it between tokenizing and generating."""
 
     def usage(self) -> Usage:
         return Usage(
@@ -63,6 +74,10 @@ class RequestState:
 
     completion_id: str | None = None
     """The id of the completion or response object made (`cmpl-...`), for the access log."""
+
+    admission: Admission | None = None
+    """Set by the tenant limits when the tenant counts tokens: the route hands it to serving
+    (`RequestStats.admit`), which calls it with the exact reservation once the prompt is tokenized."""
 
     rejection_reason: str | None = None
     """Why a tenant limit refused it (`rate_limit`, `budget`), for `gateway_rejected_requests_total`."""

@@ -1,10 +1,16 @@
 """A tenant's limits around each generation request: before it, the model allow-list (404) and the
 limiter (429 over a rate limit or the budget); after it (the last byte sent, or the client gone),
 the decision settled with the tokens the request really used, and the tenant's usage and metrics.
+
+A tenant that counts tokens (tokens_per_minute, budget_tokens) is decided once serving has
+tokenized the prompt, on the exact reservation (`server.tenants.reservation`): this middleware
+hands serving the admission (`RequestState.admission`) instead of guessing from the body. A
+request refused before that point (validation, no engine) takes nothing from the limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -21,12 +27,11 @@ from server.request_state import RequestState, request_state
 from server.settings.keys_file import Tenant
 from server.tenants.limiter import BUDGET, Decision
 from server.tenants.refusals import budget_spent, model_refused, ratelimit_headers, refusal_error
-from server.tenants.reservation import reserved_tokens
 from server.tenants.service import Tenancy
 
 logger = logging.getLogger("llm_gateway.tenants")
 
-# The generation routes tenant limits apply to, and the kind of body each takes (server.tenants.reservation).
+# The generation routes tenant limits apply to, and the kind of body each takes.
 LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
@@ -51,9 +56,56 @@ class _StreamEnded(Exception):
     """Raised into the app to stop a stream this middleware has already ended."""
 
 
+class _Admission:
+    """One request's trip through its tenant's limiter: decided in this middleware (a tenant that
+    counts no tokens) or when serving calls `admit` with the exact reservation."""
+
+    def __init__(self, owner: TenantLimitMiddleware, state: RequestState, tenant: Tenant, param: str) -> None:
+        self.owner = owner
+        self.state = state
+        self.tenant = tenant
+        self.param = param  # the route's name for max_tokens, for the "request too large" 429
+        self.decision: Decision | None = None
+        self._pending: asyncio.Future[Decision] | None = None
+
+    def admitted(self, decision: Decision) -> None:
+        self.decision = decision
+        # The access middleware (outermost) adds them to the response's start.
+        self.state.response_headers = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
+
+    def refused(self, decision: Decision) -> None:
+        self.decision = decision
+        self.state.rejection_reason = "budget" if decision.reason == BUDGET else "rate_limit"
+        self.owner._child(self.owner.metrics.tenant_rate_limited, self.tenant.name, decision.reason or "").inc()
+
+    async def admit(self, reserved: int) -> None:
+        """Serving's call (`RequestStats.admit`): take `reserved` tokens, or raise the 429."""
+        if self._pending is not None:  # one decision per request
+            return
+        self._pending = asyncio.ensure_future(self.owner._decide(self.tenant, reserved))
+        # Shielded: a client gone while Redis answers must not lose a decision that took tokens
+        # and a slot; `settled` waits for it and the middleware gives them back.
+        decision = await asyncio.shield(self._pending)
+        if not decision.allowed:
+            self.refused(decision)
+            raise refusal_error(decision, self.owner.tenancy.clock(), self.param)
+        self.admitted(decision)
+
+
+    async def settled(self) -> Decision | None:
+        """The decision, once a pending one (its request cancelled) has come back."""
+        if self.decision is None and self._pending is not None and not self._pending.cancelled():
+            try:
+                self.decision = await self._pending
+            except Exception:  # the limiter failed: nothing was taken
+                return None
+        return self.decision
+
+
 class TenantLimitMiddleware:
     """Before a generation request: the tenant's model allow-list (404) and limiter (429 over a
-    limit or the budget). After it (the last byte sent, or the client gone): settle the decision
+    limit or the budget; for a tenant that counts tokens, when serving calls the admission with the
+    exact reservation, see the module docstring). After it (the last byte sent, or the client gone): settle the decision
     with the tokens the request really used, which serving reports as it runs in the request's
     stats (`RequestState.stats`, the object the access log reads too), and record the
     tenant's usage and metrics. With `auth.end_streams_over_budget`, a stream that runs past its
@@ -63,11 +115,10 @@ class TenantLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, tenancy: Tenancy, metrics: GatewayMetrics,
-                 context_length: Callable[[], int | None], served_model: Callable[[], str]) -> None:
+                 served_model: Callable[[], str]) -> None:
         self.app = app
         self.tenancy = tenancy
         self.metrics = metrics
-        self.context_length = context_length
         self.served_model = served_model
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # A reloaded keys file may remove a tenant's budget gauges: look the children up afresh.
@@ -94,27 +145,29 @@ class TenantLimitMiddleware:
         state = request_state(scope)
         tenant: Tenant = state.tenant or self.tenancy.unnamed
         limits = tenant.limits
-        decision: Decision | None = None
+        admission: _Admission | None = None
         if self.tenancy.enabled and (limits.any or limits.models is not None):
-            body: Any = None
-            if limits.counts_tokens or limits.models is not None:
+            if limits.models is not None:
                 raw, receive = await buffered_body(receive)
                 body = parse_json(raw)
-            if limits.models is not None:
                 model = (body.get("model") if isinstance(body, dict) else None) or self.served_model()
                 if model not in limits.models:
                     await self._refuse(send, state, tenant, model_refused(str(model)))
                     return
             if limits.any:
-                reserved = reserved_tokens(body, LIMITED_ROUTES[path], self.context_length()) if limits.counts_tokens else 0
-                decision = await self._decide(tenant, reserved)
-                if not decision.allowed:
-                    state.rejection_reason = "budget" if decision.reason == BUDGET else "rate_limit"
-                    self._child(self.metrics.tenant_rate_limited, tenant.name, decision.reason or "").inc()
-                    param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
-                    await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
-                    return
-        await self._run(scope, receive, send, state, tenant, decision)
+                param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
+                admission = _Admission(self, state, tenant, param)
+                if limits.counts_tokens:
+                    # Decided once serving has tokenized the prompt: the exact reservation.
+                    state.admission = admission.admit
+                else:
+                    decision = await self._decide(tenant, 0)
+                    if not decision.allowed:
+                        admission.refused(decision)
+                        await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
+                        return
+                    admission.admitted(decision)
+        await self._run(scope, receive, send, state, tenant, admission)
 
     async def _decide(self, tenant: Tenant, reserved: int) -> Decision:
         started = time.perf_counter()
@@ -137,12 +190,9 @@ class TenantLimitMiddleware:
         await send_gateway_error(send, error)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, state: RequestState,
-                   tenant: Tenant, decision: Decision | None) -> None:
+                   tenant: Tenant, admission: _Admission | None) -> None:
         ended = False
-        if decision is not None:
-            # The access middleware (outermost) adds them to the response's start.
-            state.response_headers = [(k.encode(), v.encode()) for k, v in ratelimit_headers(decision).items()]
-        if decision is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
+        if admission is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
             downstream, streaming = send, False
             responses = scope["path"] == "/v1/responses"  # its events are numbered, and there is no [DONE]
 
@@ -150,10 +200,12 @@ class TenantLimitMiddleware:
                 nonlocal streaming, ended
                 if ended:  # the app's next step after the end this middleware sent: stop it
                     raise _StreamEnded()
+                decision = admission.decision
                 if message["type"] == "http.response.start":
                     streaming = any(k == b"content-type" and v.startswith(b"text/event-stream")
                                     for k, v in message.get("headers", ()))
-                elif streaming and message.get("more_body") and self._over_budget(state, decision):
+                elif (streaming and message.get("more_body") and decision is not None and decision.allowed
+                      and self._over_budget(state, decision)):
                     error = budget_spent(tenant, decision.budget_used, decision.period, self.tenancy.clock())
                     if responses:
                         end = responses_error_event(error, next_sequence_number(message.get("body", b"")))
@@ -174,8 +226,11 @@ class TenantLimitMiddleware:
                 raise
         finally:
             stats = state.stats
-            prompt = stats.prompt_tokens if stats is not None else 0
-            completion = stats.completion_tokens if stats is not None else 0
+            decision = await admission.settled() if admission is not None else None
+            refused = decision is not None and not decision.allowed
+            # A request its admission refused used nothing, though its prompt was tokenized.
+            prompt = stats.prompt_tokens if stats is not None and not refused else 0
+            completion = stats.completion_tokens if stats is not None and not refused else 0
             # The access middleware (outermost) notes the status as the response starts.
             status = state.status if state.status is not None else 500
             self._child(self.metrics.tenant_requests, tenant.name, str(status)).inc()
@@ -184,7 +239,8 @@ class TenantLimitMiddleware:
             if ended:
                 self._child(self.metrics.tenant_rate_limited, tenant.name, BUDGET).inc()
             if self.tenancy.enabled:
-                await self._finish(tenant, decision, prompt, completion, error=status >= 400 or ended)
+                await self._finish(tenant, None if refused else decision, prompt, completion,
+                                   error=status >= 400 or ended)
 
     @staticmethod
     def _over_budget(state: RequestState, decision: Decision) -> bool:

@@ -178,6 +178,8 @@ OutputItem = OutputMessage | FunctionCallOutput | ReasoningOutput
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = 0
+    # Required by the OpenAI SDK's Response model; the gateway reports no prompt cache writes.
+    cache_write_tokens: int = 0
 
 
 class OutputTokensDetails(BaseModel):

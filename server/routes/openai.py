@@ -141,7 +141,8 @@ async def _serve(
 ) -> Response:
     """Shared by the generation routes: run, cancel on disconnect, observe, respond."""
     state = request_state(request.scope)
-    stats = state.stats = RequestStats()  # read by the tenant limits and the access line too
+    # Read by the tenant limits and the access line too; serving calls the tenant's admission.
+    stats = state.stats = RequestStats(admit=state.admission)
     request_id = state.completion_id = f"{id_prefix}{id_separator}{uuid.uuid4().hex[:16]}"
     try:
         result = await cancel_on_disconnect(request, create(request_id, stats))

@@ -27,6 +27,7 @@ from server.serving.sampling import sampling_options
 from server.serving.sse import DONE_EVENT, EventStream, sse, sse_error
 from server.serving.streams import guarded
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
+from server.tenants.reservation import reserved_tokens
 
 
 def message_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]]:
@@ -128,13 +129,14 @@ class ChatService(GenerationService):
                 options.skip_special_tokens = False  # vLLM's adjust_request for e.g. gemma4
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
+            stats.reserved_tokens = reserved_tokens([(len(ids), max_tokens)], req.n)
             return guarded(engine.generate(request_id, ids, sampling), self.limits)
 
         return await serve_on_lease(
             self.holder, prepare,
             (lambda stream: self._stream(req, request_id, stream, stats, plan, reasoners)) if req.stream else None,
             lambda stream: self._complete(req, request_id, stream, stats, plan, reasoners),
-            text_chars=prompt_chars(req.messages) + prompt_chars(req.tools),
+            text_chars=prompt_chars(req.messages) + prompt_chars(req.tools), stats=stats,
         )
 
     async def _complete(

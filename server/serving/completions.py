@@ -34,6 +34,7 @@ from server.serving.lease import GenerationService, prompt_chars, serve_on_lease
 from server.serving.sampling import sampling_options
 from server.serving.sse import DONE_EVENT, EventStream, sse, sse_error
 from server.serving.streams import guarded, merge_streams
+from server.tenants.reservation import reserved_tokens
 
 logger = logging.getLogger("llm_gateway.completions")
 
@@ -133,11 +134,13 @@ class CompletionService(GenerationService):
             self._check_request(engine, req)
             prompts = self._prompts(engine, req.prompt)
             check_limits(limits, n=req.n, prompts=len(prompts))
-            samplings = []
+            samplings, sizes = [], []
             for p in prompts:
                 max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), engine.info.max_model_len)
                 samplings.append(engine.make_sampling(self._options(engine, req, max_tokens)))
+                sizes.append((len(p.token_ids), max_tokens))
             stats.prompt_tokens = sum(len(p.token_ids) for p in prompts)
+            stats.reserved_tokens = reserved_tokens(sizes, req.n)
             if req.echo:
                 for p in prompts:
                     if p.text is None:
@@ -154,7 +157,7 @@ class CompletionService(GenerationService):
         return await serve_on_lease(
             self.holder, prepare, stream if req.stream else None,
             lambda prepared: self._complete(req, request_id, *prepared, stats),
-            text_chars=prompt_chars(req.prompt),
+            text_chars=prompt_chars(req.prompt), stats=stats,
         )
 
     async def _complete(

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from server.engine import Engine
 from server.lifecycle.holder import EngineHolder
+from server.request_state import RequestStats
 from server.serving.sse import EventStream
 from server.settings import LimitSettings
 
@@ -65,9 +66,12 @@ async def serve_on_lease(
     complete: Callable[[Prepared], Awaitable[Result]],
     *,
     text_chars: int = 0,
+    stats: RequestStats | None = None,
 ) -> Result | EventStream:
     """Take an engine lease, `prepare` the request on it (client errors surface here, before any
-    byte is sent), then either hand the lease to the returned EventStream (released when the
+    byte is sent), ask the tenant limits to admit the reservation `prepare` put in `stats` (a
+    refusal surfaces here too, before the engine sees the request: the engine streams `prepare`
+    made start only when read), then either hand the lease to the returned EventStream (released when the
     stream ends, however it ends) or `complete` the request and release it. `text_chars` (the
     prompt's text size) above OFFLOAD_PROMPT_CHARS moves `prepare` off the event loop."""
     lease = AsyncExitStack()
@@ -77,6 +81,8 @@ async def serve_on_lease(
             prepared = await asyncio.get_running_loop().run_in_executor(_PREPARE_THREAD, prepare, engine)
         else:
             prepared = prepare(engine)
+        if stats is not None and stats.admit is not None:
+            await stats.admit(stats.reserved_tokens)
     except BaseException:
         await lease.aclose()
         raise

@@ -54,6 +54,7 @@ from server.serving.sampling import sampling_options
 from server.serving.sse import EventStream, stream_failure
 from server.serving.streams import guarded
 from server.serving.tools import ToolPlan
+from server.tenants.reservation import reserved_tokens
 
 
 @dataclass
@@ -130,6 +131,7 @@ class ResponsesService(GenerationService):
                 options.skip_special_tokens = False  # as chat: the parser's markers must reach it
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
+            stats.reserved_tokens = reserved_tokens([(len(ids), max_tokens)])
             return _Prepared(guarded(engine.generate(request_id, ids, sampling), self.limits), options, plan,
                              reasoner)
 
@@ -138,7 +140,7 @@ class ResponsesService(GenerationService):
             (lambda prepared: self._stream(req, request_id, prepared, stats)) if req.stream else None,
             lambda prepared: self._complete(req, request_id, prepared, stats),
             text_chars=prompt_chars(req.input) + prompt_chars(req.instructions)
-            + prompt_chars([t.model_dump() for t in req.tools or []]),
+            + prompt_chars([t.model_dump() for t in req.tools or []]), stats=stats,
         )
 
     def _response(self, req: ResponsesRequest, request_id: str, options: SamplingOptions, *,

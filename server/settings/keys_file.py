@@ -54,14 +54,16 @@ class TenantLimits(BaseModel):
     """Generation requests per minute (a bucket of this size, refilled continuously)."""
 
     tokens_per_minute: int | None = Field(None, ge=1)
-    """Prompt + completion tokens per minute; a request reserves its worst case when it starts
-    (see `server.tenants.reservation`) and gives back what it did not use when it ends."""
+    """Prompt + completion tokens per minute; a request reserves its worst case (its exact prompt
+    tokens plus n x max_tokens, see `server.tenants.reservation`) once its prompt is tokenized and
+    gives back what it did not use when it ends."""
 
     max_concurrent: int | None = Field(None, ge=1)
     """Generation requests of this tenant running at once."""
 
     budget_tokens: int | None = Field(None, ge=1)
-    """Prompt + completion tokens per budget period; once spent, 429 `insufficient_quota`."""
+    """Prompt + completion tokens per budget period; once spent, 429 `insufficient_quota`. A burst
+    spends at most this plus one request's reservation."""
 
     budget_period: Literal["day", "month"] = "month"
     """The budget's period: a UTC calendar day or month."""

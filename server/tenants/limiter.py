@@ -6,10 +6,12 @@ Per tenant:
   reservation in tokens (`server.tenants.reservation`) when it starts; when it ends it gets back
   the tokens it did not use (or takes the ones it used beyond it).
 - `max_concurrent` counts the tenant's requests running now.
-- `budget_tokens` is a counter per UTC day or month. A request is admitted while the budget is
-  not spent, and holds min(its reservation, what is left) of it; when it ends the hold becomes
-  what it really used, which may run past the budget (`auth.end_streams_over_budget` ends such
-  streams early).
+- `budget_tokens` is a counter per UTC day or month. A request is admitted while the count is
+  below the budget, and adds its whole reservation to it; when it ends that becomes what it
+  really used. The count so always covers every admitted request's worst case, so a burst of any
+  size spends at most the budget plus one request's reservation (the last one admitted). Its
+  share, `budget_held` = min(its reservation, what was left), is where
+  `auth.end_streams_over_budget` ends a stream that runs past it.
 A refused request takes nothing. `server.tenants.redis_limiter` keeps the same state in Redis.
 """
 
@@ -55,8 +57,8 @@ class Decision:
     never: bool = False  # the request alone exceeds tokens_per_minute: retrying cannot help
     requests: Bucket | None = None
     tokens: Bucket | None = None
-    budget_held: int = 0  # tokens held against the budget: min(reserved, what was left)
-    budget_used: int | None = None  # the period's count after this decision (holds included)
+    budget_held: int = 0  # its share of the budget: min(reserved, what was left)
+    budget_used: int | None = None  # the period's count after this decision (reservations included)
     period: str = ""  # the budget period it counts in: YYYY-MM-DD or YYYY-MM
     slot: str | None = None  # the request's max_concurrent slot (Redis: a member of a sorted set)
     backend: str = "memory"
@@ -171,7 +173,7 @@ class MemoryRateLimiter:
                 self._levels[(name, TOKENS)] = (tok_level, now)
             if budget and used is not None:
                 decision.budget_held = min(tokens, budget - used)
-                decision.budget_used = self._budget[(name, period)] = used + decision.budget_held
+                decision.budget_used = self._budget[(name, period)] = used + tokens
             if in_flight is not None:
                 self._in_flight[name] = in_flight + 1
                 decision.slot = name
@@ -192,7 +194,7 @@ class MemoryRateLimiter:
                 min(level + decision.reserved - used_tokens, float(limits.tokens_per_minute)), now)
         if limits.budget_tokens:
             key = (name, decision.period)
-            self._budget[key] = self._budget.get(key, 0) + used_tokens - decision.budget_held
+            self._budget[key] = self._budget.get(key, 0) + used_tokens - decision.reserved
             return self._budget[key]
         return None
 

@@ -96,7 +96,7 @@ if reason == 0 then
   if tpm > 0 then tok = tok - need; store(KEYS[2], tok, tpm, now) end
   if budget > 0 then
     held = math.min(need, budget - used)
-    used = redis.call('INCRBY', KEYS[3], held)
+    used = redis.call('INCRBY', KEYS[3], need)
     redis.call('EXPIRE', KEYS[3], ARGV[8])
   end
   if most > 0 then
@@ -113,7 +113,7 @@ return {reason, never, math.ceil(wait), math.floor(req), reset_ms(req, rpm), mat
 SETTLE_LUA = _BUCKET_LUA + """
 -- KEYS: tokens bucket, budget counter, running set
 -- ARGV: tokens/min (0 = none), tokens to give back to it, budget on (0/1), tokens to add to the
---       budget (used - held), slot name ('' = none), budget ttl (s)
+--       budget (used - reserved), slot name ('' = none), budget ttl (s)
 local tpm = tonumber(ARGV[1])
 if ARGV[5] ~= '' then redis.call('ZREM', KEYS[3], ARGV[5]) end
 if tpm > 0 then
@@ -217,7 +217,7 @@ class RedisRateLimiter:
             used = await self._settle(
                 keys=[tokens_key, budget_key, running_key],
                 args=[limits.tokens_per_minute or 0, decision.reserved - used_tokens,
-                      1 if limits.budget_tokens else 0, used_tokens - decision.budget_held,
+                      1 if limits.budget_tokens else 0, used_tokens - decision.reserved,
                       decision.slot or "", BUDGET_TTL_S])
         except self._errors as exc:
             # The reservation stays taken (the tenant is charged its worst case, never less) and

@@ -74,8 +74,10 @@ class Tenancy:
             return None
         decision.settled = True
         used = prompt_tokens + completion_tokens
-        if decision.slot is None and used == decision.reserved and used == decision.budget_held:
-            return decision.budget_used  # nothing to give back or take: spare Redis the round trip
+        if decision.slot is None and used == decision.reserved:
+            # Nothing to give back or take: spare Redis the round trip. The count at admission
+            # may be stale by now (other requests since), so nothing new is said.
+            return None
         return await self.limiter.settle(decision, used)
 
     # -- keys file -------------------------------------------------------------------------

@@ -8,13 +8,15 @@ by the SDK; the token budget is spent exactly (the usage rows add up to the resp
 then answers `insufficient_quota`; an abandoned stream is charged what it generated; the model
 allow-list holds; a key removed by SIGHUP gets 401 at once while the engine keeps serving; the
 dashboard's tenant rows have data; without Redis each instance limits on its own (fail open, with
-a metric and a log line); after a restart the budget is still spent.
+a metric and a log line); after a restart the budget is still spent; parallel bursts of tool-heavy, CJK and random-script
+requests spend at most the budget (or tokens per minute) plus one request, on one instance or two.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import signal
 import time
 import urllib.parse
@@ -40,11 +42,13 @@ from tests.e2e.test_observability import (
     wait_for,
     without_threshold,
 )
+from testbed.bursts import big_tool, cjk_text, random_request, send_at_once
 from testbed.redis_server import RedisServer, start_redis
 
 ADMIN = {"Authorization": "Bearer sk-admin"}
-CONTEXT = 128
+CONTEXT = 1024  # room for the bursts' ~600-token tool and 400 CJK characters (~830 tokens)
 BUDGET = 150
+BURST_BUDGET, BURST_TPM = 1000, 1500
 ENTRIES = [
     {"name": "rpm-limited", "key": hashed("sk-rpm"), "requests_per_minute": 3},
     {"name": "tokens", "key": "sk-tokens", "tokens_per_minute": 100},  # a plain key: allowed, warned about
@@ -53,6 +57,9 @@ ENTRIES = [
     {"name": "other-model", "key": hashed("sk-other"), "models": ["some-other-model"]},
     {"name": "free", "key": hashed("sk-free")},
     {"name": "leaving", "key": hashed("sk-leaving")},
+    *({"name": f"burst-{kind}", "key": hashed(f"sk-burst-{kind}"), "budget_tokens": BURST_BUDGET, "budget_period": "day"}
+      for kind in ("tools", "cjk", "mixed")),
+    {"name": "burst-tpm", "key": hashed("sk-burst-tpm"), "tokens_per_minute": BURST_TPM},
 ]
 
 
@@ -158,10 +165,12 @@ def test_max_tokens_is_reserved_and_too_large_is_not_retried(fleet: Fleet) -> No
         model=SERVED_NAME, messages=[{"role": "user", "content": "Say hi"}], max_tokens=5)
     assert chat.parse().choices[0].message.content is not None
     assert int(chat.headers["x-ratelimit-remaining-tokens"]) < 70
-    # no max_tokens: the whole context (128) is reserved, more than 100 a minute can ever give
+    # chat without max_tokens: the room left in the context (1024) is reserved, more than 100 a
+    # minute can ever give
     before = metric(fleet.a, "gateway_tenant_requests_total", tenant="tokens", status="429")
     with pytest.raises(openai.RateLimitError) as caught:
-        client(fleet.a, "sk-tokens", retries=2).completions.create(model=SERVED_NAME, prompt=[1, 2, 3])
+        client(fleet.a, "sk-tokens", retries=2).chat.completions.create(
+            model=SERVED_NAME, messages=[{"role": "user", "content": "Hi"}])
     assert caught.value.code == "rate_limit_exceeded" and caught.value.param == "max_tokens"
     assert caught.value.response.headers["x-should-retry"] == "false"
     assert "Request too large" in caught.value.message
@@ -216,6 +225,53 @@ def test_the_budget_is_spent_exactly_then_insufficient_quota(fleet: Fleet) -> No
     # the two refusals are requests and errors there
     assert wait_for(lambda: counted() == (spent, len(responses) + 2, 2), timeout=10), (rows(), responses)
     assert metric(fleet.a, "gateway_tenant_budget_used_tokens", tenant="budgeted") == spent
+
+
+def tool_request(tool: dict) -> tuple[str, dict]:
+    return "/v1/chat/completions", {"messages": [{"role": "user", "content": "Book it."}], "tools": [tool],
+                                    "max_tokens": 1}
+
+
+def assert_within(burst, limit: int, tenant: str, refusal: str) -> None:  # type: ignore[no-untyped-def]
+    """At most `limit` plus one request was spent; the rest got OpenAI's 429 (never a 500)."""
+    assert set(burst.statuses) <= {200, 429} and burst.served >= 1, burst.statuses
+    assert burst.spent <= limit + burst.largest, (tenant, burst.spent, burst.largest, burst.statuses)
+    assert all(b["error"]["code"] == refusal for b in burst.bodies), burst.bodies
+
+
+def test_parallel_tool_requests_stay_within_the_budget(fleet: Fleet) -> None:
+    tool = big_tool()
+    burst = send_at_once([fleet.a.base_url], "sk-burst-tools", [tool_request(tool)] * 6)
+    assert burst.largest > 600  # the tool definition is in the prompt the engine saw
+    assert_within(burst, BURST_BUDGET, "burst-tools", "insufficient_quota")
+    assert burst.served == 2  # ~690 each: the second is admitted at ~690 of 1,000, the third is not
+    assert budget_count(fleet.a, "burst-tools", burst.spent) == burst.spent  # refunds exact
+
+
+def test_parallel_cjk_completions_stay_within_the_budget(fleet: Fleet) -> None:
+    text = cjk_text(400)
+    burst = send_at_once([fleet.a.base_url, fleet.b.base_url], "sk-burst-cjk",
+                         [("/v1/completions", {"prompt": text, "max_tokens": 1})] * 4)
+    assert burst.largest > 700  # ~2 tokens a character, not 0.25
+    assert_within(burst, BURST_BUDGET, "burst-cjk", "insufficient_quota")
+
+
+def test_parallel_tool_requests_stay_within_tokens_per_minute(fleet: Fleet) -> None:
+    started = time.monotonic()
+    burst = send_at_once([fleet.a.base_url], "sk-burst-tpm", [tool_request(big_tool())] * 6)
+    refill = math.ceil((time.monotonic() - started) * BURST_TPM / 60)
+    assert_within(burst, BURST_TPM + refill, "burst-tpm", "rate_limit_exceeded")
+    assert burst.served < 6
+
+
+def test_random_tool_schemas_and_scripts_on_two_instances_stay_within_the_budget(fleet: Fleet) -> None:
+    rng = random.Random(38)
+    burst = send_at_once([fleet.a.base_url, fleet.b.base_url], "sk-burst-mixed",
+                         [random_request(rng) for _ in range(20)])
+    assert_within(burst, BURST_BUDGET, "burst-mixed", "insufficient_quota")
+    assert burst.statuses.count(429) >= 1
+    counts = [metric(server, "gateway_tenant_budget_used_tokens", tenant="burst-mixed") for server in fleet.servers]
+    assert max(counts) <= BURST_BUDGET + burst.largest
 
 
 def test_an_abandoned_stream_is_charged_what_it_generated(fleet: Fleet) -> None:

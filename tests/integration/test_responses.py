@@ -31,6 +31,9 @@ def test_response_plain(client: openai.OpenAI) -> None:
     assert result.usage.output_tokens <= 24
     assert result.usage.total_tokens == result.usage.input_tokens + result.usage.output_tokens
     assert result.usage.input_tokens_details.cached_tokens == 0
+    assert result.usage.input_tokens_details.cache_write_tokens == 0
+    # the SDK's own model, strictly: every field it requires is there (usage details included)
+    assert openai.types.responses.Response.model_validate(result.model_dump(), strict=True).id == result.id
 
 
 def test_response_counts_the_template_and_instructions(client: openai.OpenAI, tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -35,7 +35,7 @@ VLLM_ONLY_ITEM_FIELDS = {
     "phase": "newer OpenAI field for multi-phase (reasoning) outputs, always null here; vLLM 0.32 sends it",
 }
 VLLM_ONLY_USAGE_DETAILS = {
-    "cache_write_tokens": "vLLM extension (always 0 without prompt caching stats)",
+    "cache_write_tokens": "sent by vLLM 0.32 and the gateway (0: the OpenAI SDK requires it), not by vLLM 0.26",
     "input_tokens_per_turn": "vLLM multi-turn tool-use bookkeeping (empty without tools)",
     "cached_tokens_per_turn": "same",
     "tool_output_tokens": "vLLM tool-use bookkeeping (0 without tools)",

@@ -57,7 +57,8 @@ async def test_response_plain_shape_usage_and_incomplete() -> None:
     assert message["id"].startswith("msg_") and message["role"] == "assistant" and message["type"] == "message"
     assert message["content"] == [{"type": "output_text", "text": " w0 w1 w2", "annotations": [], "logprobs": None}]
     # "system: be brief user: a b assistant:" in the scripted tokenizer is 7 words
-    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 3,
+    assert body["usage"] == {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                             "output_tokens": 3,
                              "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 10}
     assert "store" not in body  # as `vllm serve`: nothing is stored, and the field is not echoed
     assert holder.in_flight == 0

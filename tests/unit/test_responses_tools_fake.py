@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from openai.types.responses import Response, ResponseUsage
 
 from server.protocol.responses import ResponsesRequest
 from server.serving.responses_items import chat_tool_choice, chat_tools, input_messages
@@ -132,6 +133,19 @@ async def test_auto_gives_text_and_function_call_items_plain_and_streamed() -> N
     assert done["name"] == "get_weather" and item_done["item"]["status"] == "completed"
     final = streamed[-1]["response"]["output"]
     assert final[0]["id"] == streamed[2]["item"]["id"] and final[1] == item_done["item"]
+    # the OpenAI SDK's strict models read both whole responses, usage details included
+    for whole in (response, streamed[-1]["response"], streamed[0]["response"]):
+        sdk = Response.model_validate(whole, strict=True)
+        assert sdk.id == whole["id"]
+    assert sdk_usage_ok(response["usage"])
+
+
+def sdk_usage_ok(usage: dict[str, Any]) -> bool:
+    """Every usage detail the SDK declares required is there, with the types it declares."""
+    parsed = ResponseUsage.model_validate(usage, strict=True)
+    return (parsed.input_tokens_details.cache_write_tokens == 0 and parsed.input_tokens_details.cached_tokens == 0
+            and parsed.output_tokens_details.reasoning_tokens == 0
+            and parsed.total_tokens == parsed.input_tokens + parsed.output_tokens)
 
 
 @pytest.mark.anyio

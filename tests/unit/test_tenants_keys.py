@@ -217,38 +217,8 @@ def test_usage_file_gives_up_on_other_errors_at_once_and_on_a_held_lock_in_time(
 
 
 def test_reservation_is_prompt_plus_max_tokens_times_n() -> None:
-    # token-id prompts are counted exactly, text as characters / 4 rounded up
-    assert reserved_tokens({"prompt": [1, 2, 3], "max_tokens": 10}, "completions", 128) == 13
-    assert reserved_tokens({"prompt": "x" * 9, "max_tokens": 10}, "completions", 128) == 3 + 10
-    assert reserved_tokens({"prompt": [1, 2, 3], "max_tokens": 10, "n": 3}, "completions", 128) == 3 + 30
-    assert reserved_tokens({"prompt": [[1, 2], [3, 4, 5]], "max_tokens": 4, "n": 2}, "completions", 128) == 2 + 8 + 3 + 8
-    # no max_tokens: the engine may fill the context, so the whole context is reserved
-    assert reserved_tokens({"prompt": [1] * 28}, "completions", 128) == 128
-    assert reserved_tokens({"prompt": [1] * 28, "n": 2}, "completions", 128) == 28 + 200
-    # max_tokens beyond the room left is clamped to it, as vLLM does
-    assert reserved_tokens({"prompt": [1] * 28, "max_tokens": 1000}, "completions", 128) == 128
-
-
-def test_chat_reservation_and_unreadable_bodies() -> None:
-    body = {"messages": [{"role": "system", "content": "x" * 8},
-                         {"role": "user", "content": [{"type": "text", "text": "y" * 4}]}],
-            "max_completion_tokens": 20, "max_tokens": 99}
-    assert reserved_tokens(body, "chat", 1000) == 3 + (3 + 2) + (3 + 1) + 20  # max_completion_tokens wins
-    assert reserved_tokens({**body, "max_completion_tokens": None}, "chat", 1000) == 12 + 99
-    # invalid values are refused by validation later; they reserve no completion here
-    for bad in ({"prompt": [1, 2], "max_tokens": -5}, {"prompt": [1, 2], "max_tokens": True},
-                {"prompt": [1, 2], "max_tokens": "10"}):
-        assert reserved_tokens(bad, "completions", 128) == 2
-    assert reserved_tokens(None, "completions", 128) == 0 and reserved_tokens([1, 2], "completions", 128) == 0
-    assert reserved_tokens({"messages": "hi"}, "chat", 128) == 0
-    # no engine yet (context unknown): only what the body names
-    assert reserved_tokens({"prompt": [1, 2], "max_tokens": 5}, "completions", None) == 7
-
-
-def test_responses_reservation_counts_like_chat() -> None:
-    # instructions are one more message; max_output_tokens is the completion allowance
-    body = {"instructions": "x" * 8, "input": "y" * 4, "max_output_tokens": 20, "max_tokens": 99}
-    assert reserved_tokens(body, "responses", 1000) == 3 + (3 + 2) + (3 + 1) + 20
-    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "y" * 4}]}]}
-    assert reserved_tokens(items, "responses", 100) == 100  # no max_output_tokens: the whole context
-    assert reserved_tokens({"input": 5, "max_output_tokens": 3}, "responses", 100) == 0
+    # (prompt tokens, max_tokens) per prompt, n completions each; serving passes the exact counts
+    assert reserved_tokens([(3, 10)]) == 13
+    assert reserved_tokens([(3, 10)], 3) == 3 + 30
+    assert reserved_tokens([(2, 4), (3, 4)], 2) == 2 + 8 + 3 + 8
+    assert reserved_tokens([]) == 0

@@ -104,23 +104,27 @@ async def test_a_request_larger_than_the_limit_is_refused_for_good(limiter) -> N
 
 
 @pytest.mark.anyio
-async def test_budget_admits_while_not_spent_and_holds_what_is_left(limiter) -> None:  # type: ignore[no-untyped-def]
+async def test_budget_admits_while_not_spent_and_counts_whole_reservations(limiter) -> None:  # type: ignore[no-untyped-def]
     now = time.time()
     t = tenant("budget", budget_tokens=100)
     first = await limiter.acquire(t, 60)
     assert first.allowed and first.budget_held == 60 and first.budget_used == 60
     assert first.period == period_of(now, "month") and len(first.period) == 7
-    # 40 left: a request reserving 50 is admitted and holds the 40
+    # 40 left: a request reserving 50 is admitted; its share is the 40, the count takes all 50 so
+    # that no other request is admitted on tokens this one may still use
     second = await limiter.acquire(t, 50)
-    assert second.allowed and second.budget_held == 40 and second.budget_used == 100
+    assert second.allowed and second.budget_held == 40 and second.budget_used == 110
     spent = await limiter.acquire(t, 1)
-    assert not spent.allowed and spent.reason == BUDGET and not spent.never and spent.budget_used == 100
+    assert not spent.allowed and spent.reason == BUDGET and not spent.never and spent.budget_used == 110
     assert abs(spent.retry_after_s - seconds_to_next_period(now, "month")) < 5
-    assert await limiter.settle(first, 30) == 70  # used 30 of the 60 it held
-    assert await limiter.settle(second, 45) == 75  # ran 5 past its hold: the count says so
+    assert await limiter.settle(first, 30) == 80  # used 30 of the 60 it reserved
+    assert await limiter.settle(second, 45) == 75  # used 45 of its 50
     third = await limiter.acquire(t, 10)
-    assert third.allowed and third.budget_held == 10
-    assert await limiter.settle(third, 30) == 105  # past the budget: spent until the period ends
+    assert third.allowed and third.budget_held == 10 and third.budget_used == 85
+    assert await limiter.settle(third, 10) == 85
+    fourth = await limiter.acquire(t, 30)
+    assert fourth.allowed and fourth.budget_held == 15
+    assert await limiter.settle(fourth, 30) == 115  # past the budget by at most the last reservation
     assert (await limiter.acquire(t, 1)).reason == BUDGET
 
 
