@@ -81,17 +81,47 @@ def responses_prompt(body: dict[str, Any]) -> list[int]:
     return chat_prompt({"messages": messages})
 
 
-RouteKind = Literal["completions", "chat", "responses"]
+def _block_text(block: Any) -> str:
+    """The text of an Anthropic content block (a tool_result's own blocks joined, a tool_use's input)."""
+    if not isinstance(block, dict):
+        return ""
+    for key in ("text", "content", "thinking"):
+        if isinstance(block.get(key), str):
+            return block[key]
+    if isinstance(block.get("content"), list):
+        return " ".join(_block_text(b) for b in block["content"])
+    return str(block["input"]) if "input" in block else ""
+
+
+def messages_prompt(body: dict[str, Any]) -> list[int]:
+    """The estimated token count of a /v1/messages body's system prompt and messages, as one prompt."""
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        return []
+    system = body.get("system")
+    messages: list[Any] = [] if system is None else [{"content": system}]
+    for message in raw:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = [{"text": _block_text(block)} for block in content]
+        messages.append({"content": content})
+    return chat_prompt({"messages": messages})
+
+
+RouteKind = Literal["completions", "chat", "responses", "messages"]
 
 
 def reserved_tokens(body: Any, kind: RouteKind, context_length: int | None) -> int:
     """Tokens a request of route `kind` reserves (the rule in the module docstring);
     `context_length` is the engine's max_model_len, None while no engine serves (the request then
-    fails with 503). /v1/responses counts like chat, with max_output_tokens as its max_tokens."""
+    fails with 503). /v1/responses and /v1/messages count like chat (/v1/responses with
+max_output_tokens as its max_tokens)."""
     if not isinstance(body, dict):
         return 0
     if kind == "responses":
         prompts, raw = responses_prompt(body), body.get("max_output_tokens")
+    elif kind == "messages":
+        prompts, raw = messages_prompt(body), body.get("max_tokens")
     else:
         prompts = chat_prompt(body) if kind == "chat" else completion_prompts(body)
         raw = body.get("max_completion_tokens") if kind == "chat" else None  # chat's own name wins, as in serving
