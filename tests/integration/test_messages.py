@@ -33,11 +33,12 @@ def test_message_plain(client: anthropic.Anthropic) -> None:
 
 def test_system_prompt_and_count_tokens(client: anthropic.Anthropic, tokenizer) -> None:  # type: ignore[no-untyped-def]
     system = [{"type": "text", "text": "Answer briefly."}]
-    message = client.messages.create(model=SERVED_NAME, max_tokens=2, extra_body=GREEDY, system=system,  # type: ignore[arg-type]
+    message = client.messages.create(model=SERVED_NAME, max_tokens=2, extra_body=GREEDY,
+                                     system=system,  # type: ignore[arg-type]
                                      messages=[{"role": "user", "content": QUESTION}])
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 2
-    text = tokenizer.apply_chat_template([{"role": "system", "content": "Answer briefly."},
-                                          {"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True)
+    chat = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": QUESTION}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert message.usage.input_tokens == len(tokenizer(text, add_special_tokens=False).input_ids)
     count = client.messages.count_tokens(model=SERVED_NAME, system=system,  # type: ignore[arg-type]
                                          messages=[{"role": "user", "content": QUESTION}])

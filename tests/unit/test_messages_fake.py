@@ -87,7 +87,8 @@ def test_conversion_to_chat() -> None:
         req = MessagesRequest.model_validate(body(tools=[WEATHER], tool_choice={"type": anthropic}))
         assert chat_request(req).tool_choice == openai
     # a final assistant turn of text is a prefill: continued, not answered
-    prefill = chat_request(MessagesRequest.model_validate(body(messages=[*ASK, {"role": "assistant", "content": "It is"}])))
+    turns = [*ASK, {"role": "assistant", "content": "It is"}]
+    prefill = chat_request(MessagesRequest.model_validate(body(messages=turns)))
     assert prefill.continue_final_message and not prefill.add_generation_prompt
 
 
@@ -181,10 +182,12 @@ BAD: list[tuple[dict[str, Any], int, str, str]] = [
     ({"max_tokens": 1000}, 400, "invalid_request_error", "max_model_len"),
     ({"temperature": -1}, 400, "invalid_request_error", "temperature"),
     ({"messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error", "image"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     400, "invalid_request_error", "image"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "invalid_request_error", "tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, 400, "invalid_request_error", "name"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, 400, "invalid_request_error", "not in tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
+     400, "invalid_request_error", "not in tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "sometimes"}}, 400, "invalid_request_error", "tool_choice"),
     ({"messages": [*ASK, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}]}]},
      400, "invalid_request_error", "answers no earlier"),
@@ -263,7 +266,8 @@ async def test_metrics_route_label_and_access_log(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.INFO, logger="llm_gateway.access"):
         assert (await client.post("/v1/messages", json=body(stream=True))).status_code == 200
         assert (await client.post("/v1/messages", json=body(model="nope"))).status_code == 404
-        assert (await client.post("/v1/messages/count_tokens", json={"model": "fake", "messages": ASK})).status_code == 200
+        r = await client.post("/v1/messages/count_tokens", json={"model": "fake", "messages": ASK})
+        assert r.status_code == 200
     snap = snapshot(metrics)
     assert get(snap, "gateway_requests_total", route="/v1/messages", status="200") == 1
     assert get(snap, "gateway_requests_total", route="/v1/messages", status="404") == 1
@@ -272,3 +276,36 @@ async def test_metrics_route_label_and_access_log(caplog: pytest.LogCaptureFixtu
     assert get(snap, "gateway_request_finish_total", route="/v1/messages", reason="length") == 1
     lines = [r.getMessage() for r in caplog.records if "route=/v1/messages " in r.getMessage()]
     assert any("status=200" in line and "msg_" in line and "completion_tokens=3" in line for line in lines), lines
+
+
+@pytest.mark.anyio
+async def test_reasoning_comes_back_as_thinking_blocks() -> None:
+    engine = FakeEngine(reply_pieces=["<think>", "step one", "</think>", "Paris", "."])
+    engine.info.reasoning_parser = "fake"
+    client, holder = make(engine)
+    await holder.start()
+    r = await client.post("/v1/messages", json=body(max_tokens=10))
+    content = r.json()["content"]
+    assert [b["type"] for b in content] == ["thinking", "text"]
+    assert content[0]["thinking"] == "step one" and content[0]["signature"] and content[1]["text"] == "Paris."
+    events = events_of((await client.post("/v1/messages", json=body(max_tokens=10, stream=True))).text)
+    deltas = [e["delta"]["type"] for k, e in events if k == "content_block_delta"]
+    assert deltas == ["thinking_delta", "signature_delta", "text_delta", "text_delta"]
+    starts = [e["content_block"] for k, e in events if k == "content_block_start"]
+    assert starts == [{"type": "thinking", "thinking": "", "signature": ""}, {"type": "text", "text": ""}]
+    assert [e["index"] for k, e in events if k == "content_block_stop"] == [0, 1]
+    # a thinking block sent back is accepted and left out of the prompt
+    turn = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": content},
+            {"role": "user", "content": "And?"}]
+    r = await client.post("/v1/messages", json=body(messages=turn))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.anyio
+async def test_a_call_cut_off_by_max_tokens_comes_back_as_text() -> None:
+    client = await started(engine_with('{"city": "Pa'))  # a named call forced into JSON, cut short
+    r = await client.post("/v1/messages", json=body(messages=ASK, tools=[WEATHER],
+                                                    tool_choice={"type": "tool", "name": "get_weather"}))
+    message = r.json()
+    assert message["content"] == [{"type": "text", "text": '{"city": "Pa'}], message
+    assert message["stop_reason"] == "end_turn"  # the fake engine says "stop"; a real cut says max_tokens
