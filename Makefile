@@ -29,8 +29,9 @@ COMPAT_VENV ?= .venv-vllm026
 COMPAT_LOCK := requirements/cpu-vllm026.lock
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_TESTS ?= tests/integration/test_completions.py tests/integration/test_chat.py \
-	tests/integration/test_responses.py tests/integration/test_tokenize.py \
-	tests/integration/test_vllm_parity.py tests/integration/test_vllm_parity_responses.py tests/integration/test_reload.py \
+	tests/integration/test_responses.py tests/integration/test_tokenize.py tests/integration/test_messages.py \
+	tests/integration/test_vllm_parity.py tests/integration/test_vllm_parity_responses.py \
+	tests/integration/test_vllm_parity_messages.py tests/integration/test_reload.py \
 	tests/integration/test_reliability.py tests/integration/test_lifecycle.py \
 	tests/integration/test_engine_compat.py tests/integration/test_stall.py \
 	tests/integration/test_reload_in_place.py tests/integration/test_chat_tools.py \

@@ -12,19 +12,21 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from server import __version__
-from server.errors import GatewayError, error_body
+from server.errors import GatewayError, error_body_for, gateway_error_body
 from server.lifecycle.holder import EngineHolder
 from server.metrics import GatewayMetrics
 from server.middleware.access import AccessMiddleware
 from server.middleware.auth import AuthMiddleware
 from server.middleware.body_limit import BodyLimitMiddleware
 from server.middleware.tenant_limits import TenantLimitMiddleware
+from server.routes import anthropic as anthropic_routes
 from server.routes import openai as openai_routes
 from server.routes import ops as ops_routes
 from server.routes import tokenize as tokenize_routes
 from server.routes.ops import Reloader
 from server.serving.chat import ChatService
 from server.serving.completions import CompletionService
+from server.serving.messages import MessagesService
 from server.serving.responses import ResponsesService
 from server.settings import Settings
 from server.tenants.service import Tenancy
@@ -66,7 +68,7 @@ def build_app(
     app = FastAPI(
         title="llm-gateway",
         version=__version__,
-        description="OpenAI-compatible API over vLLM's in-process engine.",
+        description="OpenAI-compatible API (and Anthropic's Messages API) over vLLM's in-process engine.",
     )
     fingerprint = f"llm-gateway-{__version__}"
     metrics.set_engine_state(holder.state.value)
@@ -78,34 +80,38 @@ def build_app(
     def weights() -> str | None:
         return holder.weights.fingerprint if holder.weights is not None else None
 
+    # Each body in the dialect of the route asked for (Anthropic's on /v1/messages).
     @app.exception_handler(GatewayError)
-    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(gateway_error_body(request.scope["path"], exc), status_code=exc.status,
+                            headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(error_body(message, 400, param), status_code=400)
+        return JSONResponse(error_body_for(request.scope["path"], message, 400, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(
-            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code,
+            error_body_for(request.scope["path"], str(exc.detail), exc.status_code), status_code=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(error_body("Internal server error.", 500), status_code=500)
+        return JSONResponse(error_body_for(request.scope["path"], "Internal server error.", 500), status_code=500)
 
+    chat = ChatService(holder, fingerprint=fingerprint)
     app.include_router(openai_routes.build_router(
         completions=CompletionService(holder, fingerprint=fingerprint),
-        chat=ChatService(holder, fingerprint=fingerprint),
+        chat=chat,
         responses=ResponsesService(holder, fingerprint=fingerprint),
         holder=holder,
         metrics=metrics,
     ))
+    app.include_router(anthropic_routes.build_router(MessagesService(chat), metrics))
     app.include_router(tokenize_routes.build_router(holder))
     app.include_router(ops_routes.build_router(holder, metrics, tenancy, reloader))
     # Starlette wraps in reverse order: access sees everything, auth runs before the body is read,

@@ -9,6 +9,11 @@ spent", while a gateway-wide 429 (``limits.max_in_flight``) keeps the number. On
 started the same body is sent as a final SSE event (``sse_error_event``) followed by
 ``data: [DONE]``; a /v1/responses stream ends with OpenAI's ``error`` event instead
 (``responses_error_event``), which carries the same body under ``error``.
+
+The Anthropic routes (/v1/messages, ``anthropic_path``) render the same errors in Anthropic's
+shape, ``{"type": "error", "error": {"type", "message"}}``, with Anthropic's type for the status
+(``invalid_request_error``, ``rate_limit_error``, ...) and the same status and headers:
+``error_body_for`` picks the shape by path, for the middleware and the app's handlers alike.
 """
 
 from __future__ import annotations
@@ -147,6 +152,55 @@ def error_body(message: str, status: int, param: str | None = None, *, code: str
             "code": code if code is not None else status,
         }
     }
+
+
+_ANTHROPIC_TYPE_BY_STATUS: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
+def anthropic_path(path: str) -> bool:
+    return path in ANTHROPIC_PATHS
+
+
+def anthropic_error_type(status: int) -> str:
+    if status in _ANTHROPIC_TYPE_BY_STATUS:
+        return _ANTHROPIC_TYPE_BY_STATUS[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def anthropic_error_body(message: str, status: int) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+
+
+def error_body_for(path: str, message: str, status: int, param: str | None = None, *,
+                   code: str | None = None) -> dict[str, Any]:
+    """The error body in the dialect of the route at `path` (Anthropic's on /v1/messages)."""
+    if anthropic_path(path):
+        return anthropic_error_body(message, status)
+    return error_body(message, status, param, code=code)
+
+
+def gateway_error_body(path: str, error: GatewayError) -> dict[str, Any]:
+    return error_body_for(path, error.message, error.status, error.param, code=error.code)
+
+
+def anthropic_error_event(error: GatewayError) -> str:
+    """The last event of a /v1/messages stream that failed after it started: Anthropic's `error`
+    event, which the anthropic SDK raises as an APIStatusError."""
+    body = anthropic_error_body(error.message, error.status)
+    return f"event: error\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 def sse_error_event(error: GatewayError) -> str:

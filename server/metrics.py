@@ -146,7 +146,7 @@ class GatewayMetrics:
         })
         for state in ENGINE_STATES:
             self.engine_state.labels(state=state).set(0)
-        for route in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
+        for route in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"):
             # Pre-create label sets so dashboards and rules see zeros rather than no data.
             self.in_flight.labels(route=route).set(0)
             self.disconnects.labels(route=route)

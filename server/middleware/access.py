@@ -15,8 +15,8 @@ from server.request_state import STATE_KEY, RequestState
 
 logger = logging.getLogger("llm_gateway.access")
 
-MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models",
-                             "/tokenize", "/detokenize"})
+MEASURED_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                             "/v1/messages/count_tokens", "/v1/models", "/tokenize", "/detokenize"})
 """Routes with a `route` label of their own; any other path counts as `other`."""
 
 

@@ -8,21 +8,22 @@ from typing import Any
 
 from starlette.types import Message, Receive, Scope, Send
 
-from server.errors import GatewayError, error_body
+from server.errors import GatewayError, error_body_for, gateway_error_body
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str] | None = None,
-                     *, body: dict[str, Any] | None = None) -> None:
-    """A JSON response (by default the OpenAI error body for `status` and `message`)."""
-    payload = json.dumps(body if body is not None else error_body(message, status)).encode()
+                     *, body: dict[str, Any] | None = None, path: str = "") -> None:
+    """A JSON response (by default the error body for `status` and `message` in the dialect of
+    the route at `path`: OpenAI's, or Anthropic's on /v1/messages)."""
+    payload = json.dumps(body if body is not None else error_body_for(path, message, status)).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     raw_headers += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": payload})
 
 
-async def send_gateway_error(send: Send, error: GatewayError) -> None:
-    await send_error(send, error.status, error.message, error.headers, body=error.body())
+async def send_gateway_error(send: Send, error: GatewayError, path: str = "") -> None:
+    await send_error(send, error.status, error.message, error.headers, body=gateway_error_body(path, error))
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

@@ -1,5 +1,5 @@
-"""API keys: `Authorization: Bearer <key>` on the API names the request's tenant; a separate
-admin key guards /admin/*."""
+"""API keys: `Authorization: Bearer <key>` (or `x-api-key: <key>`) on the API names the request's
+tenant; a separate admin key guards /admin/*."""
 
 from __future__ import annotations
 
@@ -13,11 +13,15 @@ from server.tenants.service import Tenancy
 
 
 def _bearer(scope: Scope) -> bytes | None:
+    """The key of `Authorization: Bearer <key>`, else of `x-api-key: <key>` (how the anthropic
+    SDK and Anthropic-API clients send it)."""
     value = header(scope, b"authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.partition(b" ")
-    return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
+    if value is not None:
+        scheme, _, token = value.partition(b" ")
+        if scheme.lower() == b"bearer" and token.strip():
+            return token.strip()
+    value = header(scope, b"x-api-key")
+    return value.strip() if value is not None and value.strip() else None
 
 
 def key_matches(token: bytes, keys: list[bytes]) -> bool:
@@ -29,8 +33,8 @@ def key_matches(token: bytes, keys: list[bytes]) -> bool:
 
 
 class AuthMiddleware:
-    """`Authorization: Bearer <key>` on the API, naming the request's tenant; a separate admin key
-    on /admin/*.
+    """`Authorization: Bearer <key>` or `x-api-key: <key>` on the API, naming the request's tenant;
+    a separate admin key on /admin/*. Refusals are in the dialect of the route asked for.
 
     No API key configured (no keys file, no `auth.api_keys`) means the API is open and every
     request is tenant `unnamed`. /admin/* takes an admin key; without one it is open only while
@@ -73,7 +77,7 @@ class AuthMiddleware:
             return
         tenant = directory.lookup(token)
         if tenant is None:
-            await send_error(send, 401, "Incorrect API key provided.", {"WWW-Authenticate": "Bearer"})
+            await send_error(send, 401, "Incorrect API key provided.", {"WWW-Authenticate": "Bearer"}, path=path)
             return
         request_state(scope).tenant = tenant
         await self.app(scope, receive, send)
@@ -82,6 +86,6 @@ class AuthMiddleware:
     async def _bearer_or_401(scope: Scope, send: Send) -> bytes | None:
         token = _bearer(scope)
         if token is None:
-            await send_error(send, 401, "Missing API key: send `Authorization: Bearer <key>`.",
-                             {"WWW-Authenticate": "Bearer"})
+            await send_error(send, 401, "Missing API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`.",
+                             {"WWW-Authenticate": "Bearer"}, path=scope["path"])
         return token

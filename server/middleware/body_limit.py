@@ -36,7 +36,7 @@ class BodyLimitMiddleware:
                 except ValueError:
                     too_large = False
                 if too_large:
-                    await send_error(send, 413, message)
+                    await send_error(send, 413, message, path=scope["path"])
                     return
         received = 0
 
@@ -55,4 +55,4 @@ class BodyLimitMiddleware:
             # The access middleware (outermost) notes the status as a response starts; reading it
             # here spares every streamed chunk a send wrapper of this middleware's own.
             if request_state(scope).status is None:
-                await send_error(send, 413, message)
+                await send_error(send, 413, message, path=scope["path"])

@@ -20,7 +20,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import GatewayError, responses_error_event, sse_error_event
+from server.errors import GatewayError, anthropic_error_event, responses_error_event, sse_error_event
 from server.metrics import GatewayMetrics
 from server.middleware.asgi import buffered_body, send_error, send_gateway_error
 from server.request_state import RequestState, request_state
@@ -32,7 +32,8 @@ from server.tenants.service import Tenancy
 logger = logging.getLogger("llm_gateway.tenants")
 
 # The generation routes tenant limits apply to, and the kind of body each takes.
-LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+LIMITED_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses",
+                  "/v1/messages": "messages"}
 
 
 def parse_json(body: bytes) -> Any:
@@ -152,7 +153,7 @@ class TenantLimitMiddleware:
                 body = parse_json(raw)
                 model = (body.get("model") if isinstance(body, dict) else None) or self.served_model()
                 if model not in limits.models:
-                    await self._refuse(send, state, tenant, model_refused(str(model)))
+                    await self._refuse(send, path, tenant, model_refused(str(model)))
                     return
             if limits.any:
                 param = "max_output_tokens" if LIMITED_ROUTES[path] == "responses" else "max_tokens"
@@ -164,7 +165,7 @@ class TenantLimitMiddleware:
                     decision = await self._decide(tenant, 0)
                     if not decision.allowed:
                         admission.refused(decision)
-                        await self._refuse(send, state, tenant, refusal_error(decision, self.tenancy.clock(), param))
+                        await self._refuse(send, path, tenant, refusal_error(decision, self.tenancy.clock(), param))
                         return
                     admission.admitted(decision)
         await self._run(scope, receive, send, state, tenant, admission)
@@ -184,17 +185,18 @@ class TenantLimitMiddleware:
     async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
         await send_error(send, status, "", body=payload)
 
-    async def _refuse(self, send: Send, state: RequestState, tenant: Tenant, error: GatewayError) -> None:
+    async def _refuse(self, send: Send, path: str, tenant: Tenant, error: GatewayError) -> None:
         self._child(self.metrics.tenant_requests, tenant.name, str(error.status)).inc()
         self.tenancy.refused(tenant)
-        await send_gateway_error(send, error)
+        await send_gateway_error(send, error, path)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, state: RequestState,
                    tenant: Tenant, admission: _Admission | None) -> None:
         ended = False
         if admission is not None and self.tenancy.auth.end_streams_over_budget and tenant.limits.budget_tokens is not None:
             downstream, streaming = send, False
-            responses = scope["path"] == "/v1/responses"  # its events are numbered, and there is no [DONE]
+            # /v1/responses numbers its events and /v1/messages has its own `error` event; neither ends in [DONE].
+            kind = LIMITED_ROUTES[scope["path"]]
 
             async def send_limited(message: Message) -> None:
                 nonlocal streaming, ended
@@ -207,8 +209,10 @@ class TenantLimitMiddleware:
                 elif (streaming and message.get("more_body") and decision is not None and decision.allowed
                       and self._over_budget(state, decision)):
                     error = budget_spent(tenant, decision.budget_used, decision.period, self.tenancy.clock())
-                    if responses:
+                    if kind == "responses":
                         end = responses_error_event(error, next_sequence_number(message.get("body", b"")))
+                    elif kind == "messages":
+                        end = anthropic_error_event(error)
                     else:
                         end = sse_error_event(error) + "data: [DONE]\n\n"
                     message["body"] = message.get("body", b"") + end.encode()

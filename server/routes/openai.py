@@ -135,7 +135,7 @@ def _observe_tokens(
             metrics.tpot.labels(route=route).observe(tpot)
 
 
-async def _serve(
+async def serve_generation(
     request: Request, metrics: GatewayMetrics, route: str, create: Callable[[str, RequestStats], Awaitable[Any]],
     id_prefix: str, id_separator: str = "-",
 ) -> Response:
@@ -171,7 +171,7 @@ def build_router(*, completions: CompletionService, chat: ChatService, responses
         summary="Create a completion (plain or streaming)",
     )
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
-        return await _serve(
+        return await serve_generation(
             request, metrics, "/v1/completions", lambda rid, stats: completions.create(body, rid, stats), "cmpl"
         )
 
@@ -182,7 +182,7 @@ def build_router(*, completions: CompletionService, chat: ChatService, responses
         summary="Create a chat completion (plain or streaming)",
     )
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-        return await _serve(
+        return await serve_generation(
             request, metrics, "/v1/chat/completions", lambda rid, stats: chat.create(body, rid, stats), "chatcmpl"
         )
 
@@ -193,7 +193,7 @@ def build_router(*, completions: CompletionService, chat: ChatService, responses
         summary="Create a response (OpenAI Responses API; text and function tools, nothing stored)",
     )
     async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        return await _serve(
+        return await serve_generation(
             request, metrics, "/v1/responses", lambda rid, stats: responses.create(body, rid, stats), "resp", "_"
         )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from server.engine import Engine, GenerationOutput, ReasoningParser
@@ -87,6 +87,15 @@ def structured_output(req: ChatCompletionRequest, plan: ToolPlan | None = None) 
     return {"json": fmt.json_schema.schema_}
 
 
+StreamWriter = Callable[
+    [ChatCompletionRequest, str, AsyncIterator[GenerationOutput], RequestStats, ToolPlan,
+     list[ReasoningParser | None]],
+    AsyncIterator[str],
+]
+"""Turns a streamed chat generation into the SSE strings a route sends: chat's own chunks, or
+another API's events over the same choice pieces (server.serving.messages)."""
+
+
 class ChatService(GenerationService):
     def _check(self, engine: Engine, req: ChatCompletionRequest) -> None:
         check_model(req.model, engine.info.served_model_name)
@@ -105,7 +114,12 @@ class ChatService(GenerationService):
     async def create(
         self, req: ChatCompletionRequest, request_id: str, stats: RequestStats | None = None
     ) -> ChatCompletionResponse | EventStream:
-        stats = stats or RequestStats()
+        return await self.run(req, request_id, stats or RequestStats(), self._stream)
+
+    async def run(
+        self, req: ChatCompletionRequest, request_id: str, stats: RequestStats, writer: StreamWriter
+    ) -> ChatCompletionResponse | EventStream:
+        """Generate for `req`: the whole response, or with `stream` the SSE strings `writer` makes."""
         plan = ToolPlan()
         reasoners: list[ReasoningParser | None] = []  # one per choice: parsers keep stream state
 
@@ -134,7 +148,7 @@ class ChatService(GenerationService):
 
         return await serve_on_lease(
             self.holder, prepare,
-            (lambda stream: self._stream(req, request_id, stream, stats, plan, reasoners)) if req.stream else None,
+            (lambda stream: writer(req, request_id, stream, stats, plan, reasoners)) if req.stream else None,
             lambda stream: self._complete(req, request_id, stream, stats, plan, reasoners),
             text_chars=prompt_chars(req.messages) + prompt_chars(req.tools), stats=stats,
         )

@@ -447,3 +447,33 @@ def test_a_stalled_instance_loses_no_request_after_detection(tmp_path: Path, gat
                 pass
         nginx.stop()
         stalling.stop()
+
+
+def messages_stream(client: httpx.Client, base_url: str) -> tuple[list[str], int]:
+    """A streamed /v1/messages answer's text deltas and the socket reads they arrived in."""
+    body = {"model": SERVED_NAME, "max_tokens": 48, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Write a long story about a cat who learns to fly."}]}
+    reads, raw = 0, b""
+    with client.stream("POST", base_url + "/v1/messages", json=body, timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        for chunk in resp.iter_raw():
+            reads += 1
+            raw += chunk
+    events = [json.loads(line[len("data: "):]) for line in raw.decode().split("\n") if line.startswith("data: ")]
+    assert events[-1]["type"] == "message_stop", events[-1]
+    return [e["delta"]["text"] for e in events if e["type"] == "content_block_delta"], reads
+
+
+def test_messages_stream_and_count_tokens_through_nginx(nginx_single: Nginx, gateway: ServerProcess) -> None:
+    """Anthropic's /v1/messages streams through nginx event by event (the generation location);
+    count_tokens and an Anthropic-shaped error pass through the /v1/ location."""
+    with httpx.Client() as client:
+        direct, _ = messages_stream(client, gateway.base_url)
+        proxied, reads = messages_stream(client, nginx_single.base_url)
+        assert proxied == direct and len(proxied) >= 24
+        assert reads >= len(proxied) // 2, (reads, len(proxied))
+        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Hello world"}]}
+        r = client.post(nginx_single.base_url + "/v1/messages/count_tokens", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["input_tokens"] > 2
+        r = client.post(nginx_single.base_url + "/v1/messages", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

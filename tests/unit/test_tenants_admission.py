@@ -73,6 +73,12 @@ async def test_every_route_reserves_its_exact_prompt_plus_n_times_max_tokens(tmp
             {"role": "user", "content": "weather in Rome"},
             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Rome"}'},
             {"type": "function_call_output", "call_id": "c1", "output": "sunny and warm today"}]}, 5),
+        ("/v1/messages", {"system": "be brief", "max_tokens": 6, "messages": [
+            {"role": "user", "content": "weather in Rome"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "get_weather",
+                                               "input": {"city": "Rome"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1",
+                                          "content": "sunny and warm today"}]}]}, 6),
     ]
     for i, (path, body, completions) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
