@@ -69,7 +69,7 @@ ContentBlock = Annotated[
 ]
 
 
-class InputMessage(BaseModel):
+class MessageParam(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["user", "assistant"]
@@ -99,7 +99,7 @@ class MessagesRequest(ApiRequest):
     """`POST /v1/messages` body."""
 
     model: str
-    messages: list[InputMessage] = Field(..., description="The conversation, user and assistant turns.")
+    messages: list[MessageParam] = Field(..., description="The conversation, user and assistant turns.")
     max_tokens: int = Field(..., description="The most tokens to generate (required, as in Anthropic's API).")
     system: str | list[TextBlock] | None = Field(None, description="The system prompt, text or text blocks.")
     stop_sequences: list[str] | None = None
@@ -117,7 +117,7 @@ class CountTokensRequest(ApiRequest):
     """`POST /v1/messages/count_tokens` body: a messages request without the generation fields."""
 
     model: str
-    messages: list[InputMessage]
+    messages: list[MessageParam]
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
@@ -127,7 +127,7 @@ class CountTokensResponse(BaseModel):
     input_tokens: int
 
 
-class Usage(BaseModel):
+class MessageUsage(BaseModel):
     input_tokens: int
     output_tokens: int
 
@@ -168,7 +168,7 @@ class Message(BaseModel):
     model: str
     stop_reason: StopReason | None
     stop_sequence: str | None = None
-    usage: Usage
+    usage: MessageUsage
 
 
 class ErrorDetail(BaseModel):
@@ -177,7 +177,7 @@ class ErrorDetail(BaseModel):
     message: str
 
 
-class ErrorResponse(BaseModel):
+class AnthropicErrorResponse(BaseModel):
     """Anthropic's error body (server.errors.anthropic_error_body builds it)."""
 
     type: Literal["error"] = "error"

@@ -9,18 +9,25 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from server.metrics import GatewayMetrics
-from server.protocol.anthropic import CountTokensRequest, CountTokensResponse, ErrorResponse, Message, MessagesRequest
+from server.protocol.anthropic import (
+    AnthropicErrorResponse,
+    CountTokensRequest,
+    CountTokensResponse,
+    Message,
+    MessagesRequest,
+)
 from server.routes.openai import serve_generation
 from server.serving.messages import MessagesService
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid request (`invalid_request_error`)"},
-    401: {"model": ErrorResponse, "description": "Missing or wrong API key (`x-api-key` or `Authorization: Bearer`)"},
-    404: {"model": ErrorResponse, "description": "Unknown model"},
-    413: {"model": ErrorResponse, "description": "Request body too large"},
-    429: {"model": ErrorResponse, "description": "Too many requests in flight, or over the key's rate limits "
+    400: {"model": AnthropicErrorResponse, "description": "Invalid request (`invalid_request_error`)"},
+    401: {"model": AnthropicErrorResponse,
+          "description": "Missing or wrong API key (`x-api-key` or `Authorization: Bearer`)"},
+    404: {"model": AnthropicErrorResponse, "description": "Unknown model"},
+    413: {"model": AnthropicErrorResponse, "description": "Request body too large"},
+    429: {"model": AnthropicErrorResponse, "description": "Too many requests in flight, or over the key's rate limits "
           "or token budget (`rate_limit_error`)"},
-    503: {"model": ErrorResponse, "description": "No engine can serve right now (`overloaded_error`)"},
+    503: {"model": AnthropicErrorResponse, "description": "No engine can serve right now (`overloaded_error`)"},
 }
 MESSAGE_EVENTS = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                   "description": "The message, or with `stream: true` server-sent `event:`/`data:` pairs from "

@@ -29,7 +29,7 @@ from server.protocol.anthropic import (
     MessagesRequest,
     TextOutput,
     ToolUseOutput,
-    Usage,
+    MessageUsage,
 )
 from server.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ChatStreamChoice
 from server.request_state import RequestStats
@@ -132,7 +132,7 @@ class MessagesService:
                                        any(isinstance(b, ToolUseOutput) for b in blocks))
         usage = response.usage
         return Message(id=request_id, content=blocks, model=response.model, stop_reason=reason,
-                       stop_sequence=sequence, usage=Usage(input_tokens=usage.prompt_tokens if usage else 0,
+                       stop_sequence=sequence, usage=MessageUsage(input_tokens=usage.prompt_tokens if usage else 0,
                                                            output_tokens=usage.completion_tokens if usage else 0))
 
     async def _stream(
@@ -145,7 +145,7 @@ class MessagesService:
         matched: int | str | None = None
         try:
             start = Message(id=request_id, content=[], model=self.holder.settings.served_model_name,
-                            stop_reason=None, usage=Usage(input_tokens=stats.prompt_tokens, output_tokens=0))
+                            stop_reason=None, usage=MessageUsage(input_tokens=stats.prompt_tokens, output_tokens=0))
             yield event({"type": "message_start", "message": start.model_dump(mode="json")})
             async for out in stream:
                 for c in out.choices:

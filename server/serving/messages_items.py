@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from server.errors import InvalidRequestError
 from server.protocol.anthropic import (
     CountTokensRequest,
-    InputMessage,
+    MessageParam,
     MessagesRequest,
     OutputBlock,
     StopReason,
@@ -47,7 +47,7 @@ def _tool_result_text(block: ToolResultBlock) -> str:
     return "\n".join(part.text for part in block.content)
 
 
-def _chat_messages(message: InputMessage, index: int) -> list[dict[str, Any]]:
+def _chat_messages(message: MessageParam, index: int) -> list[dict[str, Any]]:
     """One Anthropic turn as chat messages: a user turn's tool results first (as `tool`
     messages), then its text; an assistant turn's text and calls as one message."""
     if isinstance(message.content, str):

@@ -139,15 +139,17 @@ def test_openapi_describes_every_route(keyed: ServerProcess) -> None:
     doc = httpx.get(keyed.base_url + "/openapi.json", headers=headers(API_KEY)).json()
     paths = doc["paths"]
     for path, method in [("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get"),
-                         ("/v1/responses", "post"), ("/tokenize", "post"), ("/detokenize", "post"),
+                         ("/v1/responses", "post"), ("/v1/messages", "post"), ("/v1/messages/count_tokens", "post"),
+                         ("/tokenize", "post"), ("/detokenize", "post"),
                          ("/health", "get"), ("/ready", "get"), ("/metrics", "get"), ("/admin/status", "get")]:
         assert method in paths[path], path
     schemas = doc["components"]["schemas"]
     for name in ("CompletionRequest", "ChatCompletionRequest", "CompletionResponse", "ChatCompletionResponse",
                  "ErrorResponse", "ModelList", "ResponsesRequest", "ResponseObject", "TokenizeRequest",
-                 "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse"):
+                 "TokenizeResponse", "DetokenizeRequest", "DetokenizeResponse", "MessagesRequest", "Message",
+                 "AnthropicErrorResponse", "CountTokensRequest", "CountTokensResponse"):
         assert name in schemas
-    for path in ("/v1/completions", "/v1/responses", "/tokenize"):
+    for path in ("/v1/completions", "/v1/responses", "/v1/messages", "/tokenize"):
         assert {"400", "401", "404", "413", "503"} <= set(paths[path]["post"]["responses"])
     assert "prompt" in schemas["CompletionRequest"]["properties"]
 
@@ -177,8 +179,12 @@ def check_response(case, base_url: str) -> int:  # type: ignore[no-untyped-def]
     response = case.call(base_url=base_url, headers=headers(API_KEY), timeout=120)
     assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
     if 400 <= response.status_code < 500:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"}, response.text
+        body = response.json()
+        error = body["error"]
+        if case.path.startswith("/v1/messages"):  # Anthropic's shape on the Anthropic routes
+            assert body["type"] == "error" and set(error) == {"type", "message"}, response.text
+        else:
+            assert set(error) == {"message", "type", "param", "code"}, response.text
         assert isinstance(error["message"], str) and error["message"]
     return response.status_code
 
@@ -194,7 +200,7 @@ def test_fuzz_longer(keyed: ServerProcess) -> None:
 
 def fuzz(keyed: ServerProcess, examples: int) -> None:
     """Hypothesis-generated requests for every operation in our own OpenAPI document: no 5xx,
-    every error in OpenAI's shape.
+    every error in its API's shape (OpenAI's, Anthropic's on /v1/messages).
 
     Driven through schemathesis's strategies directly (its pytest plugin does not support
     pytest 9 yet). The example budget is split evenly over the operations.
