@@ -161,7 +161,8 @@ class EngineHolder:
             engine = await self._make(self.settings)
         except BaseException as exc:
             self.start_error = exc
-            self._set_state(EngineState.DEAD)
+            # A start the stop cut short (its processes ended) leaves a stopped service, not a dead engine.
+            self._set_state(EngineState.STOPPED if self.closing else EngineState.DEAD)
             raise
         if self.closing:  # a stop signal came while the engine was starting
             await engine.shutdown()

@@ -152,6 +152,8 @@ class Gateway:
     async def _watch_stalls(self) -> None:
         while not self._stopping:
             await asyncio.sleep(CHECK_INTERVAL_S)
+            if self._stopping:
+                return
             if await self.stall_watch.check() and self.stall_watch.on_stall == "exit":
                 self.exit_code = STALL_EXIT_CODE
                 # /health answers 503 for a moment so probes see the stall, not just a closed port.
@@ -164,6 +166,8 @@ class Gateway:
     async def _watch_engine(self) -> None:
         while not self._stopping:
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            if self._stopping:  # the stop ends the engine on purpose
+                return
             engine = self.holder.engine
             if self.holder.state is EngineState.STALLED and not (engine is not None and engine.is_dead()):
                 continue  # the stall watch owns a stalled engine
