@@ -184,6 +184,11 @@ class Prometheus:
     url: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    load_window: str = RATE_WINDOW
+    """A range that covers the whole of `loaded`'s load, however slowly a loaded machine ran it."""
+    load_scraped_at: float | None = None
+    """When Prometheus had scraped that load: queries about it are evaluated there, so they give
+    the same answer however long after it a test runs (`make test-timing` repeats them)."""
 
     def query(self, expr: str, at: float | None = None) -> list[dict]:
         params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
@@ -254,6 +259,7 @@ def prometheus(gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pr
 def loaded(gateway, prometheus: Prometheus) -> Prometheus:  # type: ignore[no-untyped-def]
     """A short mixed load, after Prometheus's first scrape, then two more scrapes."""
     url = gateway.base_url
+    began = time.time()
     for i in range(4):
         assert complete(url, prompt=f"Load request {i}:", max_tokens=6, ignore_eos=True).status_code == 200
     for i in range(3):
@@ -270,6 +276,8 @@ def loaded(gateway, prometheus: Prometheus) -> Prometheus:  # type: ignore[no-un
         return bool(got) and float(got[0]["value"][1]) >= expected
 
     assert wait_for(scraped_all, timeout=60, interval=1.0), "Prometheus never scraped the load"
+    prometheus.load_scraped_at = time.time()
+    prometheus.load_window = f"{max(120, int(prometheus.load_scraped_at - began) + 60)}s"
     return prometheus
 
 
@@ -515,19 +523,19 @@ def test_every_dashboard_and_alert_expression_returns_data(loaded: Prometheus, g
 
 @pytest.mark.timing
 def test_load_is_visible_in_prometheus(loaded: Prometheus) -> None:
-    window = RATE_WINDOW
-    [gen] = loaded.query(f'sum(increase(vllm:generation_tokens_total{{job="llm-gateway"}}[{window}]))')
+    window, at = loaded.load_window, loaded.load_scraped_at
+    [gen] = loaded.query(f'sum(increase(vllm:generation_tokens_total{{job="llm-gateway"}}[{window}]))', at)
     assert float(gen["value"][1]) > 20
     statuses = {s["metric"]["status"] for s in loaded.query(
-        f'sum by (status) (increase(gateway_requests_total{{job="llm-gateway"}}[{window}])) > 0')}
+        f'sum by (status) (increase(gateway_requests_total{{job="llm-gateway"}}[{window}])) > 0', at)}
     assert {"200", "400"} <= statuses
     reasons = {s["metric"]["finished_reason"] for s in loaded.query(
-        f'sum by (finished_reason) (increase(vllm:request_success_total[{window}])) > 0')}
+        f'sum by (finished_reason) (increase(vllm:request_success_total[{window}])) > 0', at)}
     assert "length" in reasons
-    [gone] = loaded.query(f'sum(increase(gateway_client_disconnects_total{{job="llm-gateway"}}[{window}]))')
+    [gone] = loaded.query(f'sum(increase(gateway_client_disconnects_total{{job="llm-gateway"}}[{window}]))', at)
     assert float(gone["value"][1]) > 0
     [ttft] = loaded.query(
-        f'histogram_quantile(0.5, sum by (le) (rate(gateway_time_to_first_token_seconds_bucket[{window}])))')
+        f'histogram_quantile(0.5, sum by (le) (rate(gateway_time_to_first_token_seconds_bucket[{window}])))', at)
     assert 0 < float(ttft["value"][1]) < 60
 
 
