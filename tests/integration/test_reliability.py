@@ -125,12 +125,19 @@ def test_cancellation_storm_leaves_the_engine_idle(gateway: ServerProcess) -> No
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def answer_time() -> float:
+        t0 = time.monotonic()
+        r = httpx.post(gateway.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200
+        return time.monotonic() - t0
+
+    # Against this machine as it runs now (a loaded CI machine answers slower): the storm's 200
+    # streams of 200 tokens, had any been left running, would hold the engine for minutes.
+    before = answer_time()
     asyncio.run(storm())
-    wait_engine_idle(gateway, timeout=20)
-    t0 = time.monotonic()
-    r = httpx.post(gateway.base_url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
-    assert r.status_code == 200
-    assert time.monotonic() - t0 < 5
+    wait_engine_idle(gateway, timeout=45)
+    after = answer_time()
+    assert after < 5 + 3 * before, (after, before)
 
 
 def test_sigterm_drains_in_flight_streams_then_exits_0(limited: ServerProcess) -> None:
