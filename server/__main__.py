@@ -234,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("--budget-tokens", type=int, help="prompt + completion tokens per --budget-period")
     add.add_argument("--budget-period", choices=["day", "month"])
     add.add_argument("--model", dest="models", action="append", help="an allowed model; repeatable (default: all)")
+    add.add_argument("--share", type=float, help="weight when the engine is full (auth.fair_share; default 1)")
     add.set_defaults(func=cmd_keys_add)
 
     usage = sub.add_parser("usage", help="print the usage store (per tenant and UTC day) as a table")

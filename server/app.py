@@ -116,8 +116,11 @@ def build_app(
     app.include_router(ops_routes.build_router(holder, metrics, tenancy, reloader))
     # Starlette wraps in reverse order: access sees everything, auth runs before the body is read,
     # and the tenant limiter reads a body already capped.
+    if tenancy.fair is not None:  # the places of the profile serving now (a reload may change them)
+        tenancy.fair.capacity = lambda: holder.settings.engine.max_num_seqs
     app.add_middleware(TenantLimitMiddleware, tenancy=tenancy, metrics=metrics,
-                       served_model=lambda: holder.settings.served_model_name)
+                       served_model=lambda: holder.settings.served_model_name,
+                       queue_timeout=lambda: holder.settings.limits.first_token_timeout_s)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(
         AuthMiddleware,

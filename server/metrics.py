@@ -34,6 +34,9 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.0
                 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
                     60.0, 120.0, 300.0, 600.0)
+# Waiting for a place in a full engine (the tenants' fair queue): nothing below capacity, up to
+# a long request's whole duration above it.
+QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 # Deciding a request's tenant limits: microseconds in memory, a loopback round trip with Redis.
 LIMITER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5)
 RELOAD_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
@@ -129,6 +132,15 @@ class GatewayMetrics:
         self.tenant_budget_used = Gauge(
             "gateway_tenant_budget_used_tokens", "Tokens counted against the tenant's budget this period "
             "(running requests count what they hold).", ["tenant"], registry=r)
+        self.tenant_queue = Histogram(
+            "gateway_tenant_queue_seconds", "Time a tenant's generation requests waited for a place in a "
+            "full engine (auth.fair_share; 0 below capacity).", ["tenant"], buckets=QUEUE_BUCKETS, registry=r)
+        self.tenant_queued = Gauge(
+            "gateway_tenant_queued_requests", "A tenant's generation requests waiting now for a place in a "
+            "full engine (auth.fair_share).", ["tenant"], registry=r)
+        self.tenant_share = Gauge(
+            "gateway_tenant_share", "The tenant's weight under contention (`share` in the keys file): "
+            "a full engine's places go to active tenants in proportion to it.", ["tenant"], registry=r)
         self.limiter_duration = Histogram(
             "gateway_tenant_limiter_duration_seconds", "Time to decide a request's tenant limits.",
             ["backend"], buckets=LIMITER_BUCKETS, registry=r)
@@ -189,6 +201,9 @@ class GatewayMetrics:
                 self.tenant_tokens.labels(tenant=tenant.name, kind=kind)
             for refusal in TENANT_REFUSALS:
                 self.tenant_rate_limited.labels(tenant=tenant.name, reason=refusal)
+            self.tenant_share.labels(tenant=tenant.name).set(tenant.limits.share)
+            self.tenant_queued.labels(tenant=tenant.name)
+            self.tenant_queue.labels(tenant=tenant.name)
             if tenant.limits.budget_tokens:
                 self.tenant_budget.labels(tenant=tenant.name).set(tenant.limits.budget_tokens)
                 self.tenant_budget_used.labels(tenant=tenant.name)

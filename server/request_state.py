@@ -9,6 +9,7 @@ never a bare string key.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,12 @@ STATE_KEY = "llm_gateway"
 Admission = Callable[[int], Awaitable[None]]
 """Reserve this many tokens from the tenant's limits, or raise the 429 (a `GatewayError`) that
 refuses the request."""
+
+
+Turn = Callable[["RequestStats"], AbstractAsyncContextManager[None]]
+"""Wait for the request's places in the engine (`RequestStats.sequences`) and hold them while the
+context lasts (the tenants' fair queue, auth.fair_share); raises the 504 that ends a wait past
+limits.first_token_timeout_s."""
 
 
 @dataclass(eq=False, slots=True)
@@ -40,6 +47,12 @@ class RequestStats:
     admit: Admission | None = None
     """The tenant limits' decision on `reserved_tokens` (None when the tenant counts no tokens):
     serving awaits it between tokenizing and generating."""
+    sequences: int = 1
+    """Engine sequences the request runs at once (prompts x n): the places it takes in the engine."""
+    turn: Turn | None = None
+    """The tenant's turn in a full engine (None without a keys file or with auth.fair_share
+    off): serving enters it after admission, before the engine sees the request, and leaves it
+    when the request ends."""
 
     def usage(self) -> Usage:
         return Usage(
@@ -78,6 +91,10 @@ class RequestState:
     admission: Admission | None = None
     """Set by the tenant limits when the tenant counts tokens: the route hands it to serving
     (`RequestStats.admit`), which calls it with the exact reservation once the prompt is tokenized."""
+
+    turn: Turn | None = None
+    """Set by the tenant limits when the fair queue is on: the route hands it to serving
+    (`RequestStats.turn`)."""
 
     rejection_reason: str | None = None
     """Why a tenant limit refused it (`rate_limit`, `budget`), for `gateway_rejected_requests_total`."""

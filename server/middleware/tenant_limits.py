@@ -11,19 +11,20 @@ request refused before that point (validation, no engine) takes nothing from the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import GatewayError, anthropic_error_event, responses_error_event, sse_error_event
+from server.errors import GatewayError, RequestTimeoutError, anthropic_error_event, responses_error_event, sse_error_event
 from server.metrics import GatewayMetrics
 from server.middleware.asgi import buffered_body, send_error, send_gateway_error
-from server.request_state import RequestState, request_state
+from server.request_state import RequestState, RequestStats, Turn, request_state
 from server.settings.keys_file import Tenant
 from server.tenants.limiter import BUDGET, Decision
 from server.tenants.refusals import budget_spent, model_refused, ratelimit_headers, refusal_error
@@ -116,14 +117,19 @@ class TenantLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, tenancy: Tenancy, metrics: GatewayMetrics,
-                 served_model: Callable[[], str]) -> None:
+                 served_model: Callable[[], str],
+                 queue_timeout: Callable[[], float | None] = lambda: None) -> None:
         self.app = app
         self.tenancy = tenancy
         self.metrics = metrics
         self.served_model = served_model
+        self.queue_timeout = queue_timeout
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # A reloaded keys file may remove a tenant's budget gauges: look the children up afresh.
         tenancy.add_directory_listener(lambda _: self._children.clear())
+        if tenancy.fair is not None:
+            tenancy.fair.listeners.append(
+                lambda name, waiting: self._child(self.metrics.tenant_queued, name).set(waiting))
 
     def _child(self, family: Any, *label_values: str) -> Any:
         """A metric's child, looked up once: labels() takes a lock and builds a key on every call."""
@@ -168,7 +174,35 @@ class TenantLimitMiddleware:
                         await self._refuse(send, path, tenant, refusal_error(decision, self.tenancy.clock(), param))
                         return
                     admission.admitted(decision)
+        if self.tenancy.fair is not None:
+            state.turn = self._turn(tenant)
         await self._run(scope, receive, send, state, tenant, admission)
+
+    def _turn(self, tenant: Tenant) -> Turn:
+        """The request's turn in a full engine (`Tenancy.fair`), timed into the tenant's metrics."""
+        fair = self.tenancy.fair
+        assert fair is not None
+
+        @contextlib.asynccontextmanager
+        async def turn(stats: RequestStats) -> AsyncIterator[None]:
+            started = time.monotonic()
+            timeout = self.queue_timeout()
+            try:
+                place = await fair.acquire(tenant.name, tenant.limits.share, stats.sequences,
+                                           stats.prompt_tokens, timeout)
+            except asyncio.TimeoutError:
+                self._child(self.metrics.tenant_queue, tenant.name).observe(time.monotonic() - started)
+                stats.prompt_tokens = 0  # it never reached the engine: nothing to charge
+                raise RequestTimeoutError(
+                    f"no place in the engine within {timeout} s (limits.first_token_timeout_s): other "
+                    "requests held every place; aborted") from None
+            self._child(self.metrics.tenant_queue, tenant.name).observe(time.monotonic() - started)
+            try:
+                yield
+            finally:
+                fair.release(place, stats.completion_tokens)
+
+        return turn
 
     async def _decide(self, tenant: Tenant, reserved: int) -> Decision:
         started = time.perf_counter()

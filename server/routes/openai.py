@@ -142,7 +142,7 @@ async def serve_generation(
     """Shared by the generation routes: run, cancel on disconnect, observe, respond."""
     state = request_state(request.scope)
     # Read by the tenant limits and the access line too; serving calls the tenant's admission.
-    stats = state.stats = RequestStats(admit=state.admission)
+    stats = state.stats = RequestStats(admit=state.admission, turn=state.turn)
     request_id = state.completion_id = f"{id_prefix}{id_separator}{uuid.uuid4().hex[:16]}"
     try:
         result = await cancel_on_disconnect(request, create(request_id, stats))

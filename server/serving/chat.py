@@ -144,6 +144,7 @@ class ChatService(GenerationService):
             sampling = engine.make_sampling(options)
             stats.prompt_tokens = len(ids)
             stats.reserved_tokens = reserved_tokens([(len(ids), max_tokens)], req.n)
+            stats.sequences = req.n
             return guarded(engine.generate(request_id, ids, sampling), self.limits)
 
         return await serve_on_lease(

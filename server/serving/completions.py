@@ -141,6 +141,7 @@ class CompletionService(GenerationService):
                 sizes.append((len(p.token_ids), max_tokens))
             stats.prompt_tokens = sum(len(p.token_ids) for p in prompts)
             stats.reserved_tokens = reserved_tokens(sizes, req.n)
+            stats.sequences = len(prompts) * req.n
             if req.echo:
                 for p in prompts:
                     if p.text is None:

@@ -71,7 +71,7 @@ async def serve_on_lease(
     """Take an engine lease, `prepare` the request on it (client errors surface here, before any
     byte is sent), ask the tenant limits to admit the reservation `prepare` put in `stats` (a
     refusal surfaces here too, before the engine sees the request: the engine streams `prepare`
-    made start only when read), then either hand the lease to the returned EventStream (released when the
+    made start only when read), wait for the tenant's turn in a full engine (`stats.turn`), then either hand the lease to the returned EventStream (released when the
     stream ends, however it ends) or `complete` the request and release it. `text_chars` (the
     prompt's text size) above OFFLOAD_PROMPT_CHARS moves `prepare` off the event loop."""
     lease = AsyncExitStack()
@@ -83,6 +83,9 @@ async def serve_on_lease(
             prepared = prepare(engine)
         if stats is not None and stats.admit is not None:
             await stats.admit(stats.reserved_tokens)
+        if stats is not None and stats.turn is not None:
+            # Held until the lease ends: the request's places in a full engine.
+            await lease.enter_async_context(stats.turn(stats))
     except BaseException:
         await lease.aclose()
         raise

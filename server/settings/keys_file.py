@@ -12,6 +12,7 @@ keys:
     budget_tokens: 50000000           # prompt + completion tokens per budget_period
     budget_period: month              # or day (UTC)
     models: [gemma-4-e2b-it]          # optional allow-list
+    share: 3                          # weight when the engine is full (default 1)
   - name: script
     key: sk-plain-key                 # plain keys work, and are warned about at start
 ```
@@ -70,6 +71,10 @@ class TenantLimits(BaseModel):
 
     models: list[str] | None = None
     """Models this tenant may use; None: every served model."""
+
+    share: float = Field(1.0, gt=0, le=1000)
+    """The tenant's weight when the engine is full (auth.fair_share): active tenants receive
+    service in proportion to their shares. Not a limit: an idle engine serves anyone at once."""
 
     @property
     def counts_tokens(self) -> bool:

@@ -106,6 +106,14 @@ class AuthSettings(BaseModel):
     """End a stream with a final SSE error event (`insufficient_quota`) once it runs over its
     tenant's budget. Off: it finishes and the budget goes negative by what it ran over."""
 
+    fair_share: bool = True
+    """With a keys file: when the engine is full (as many sequences running as the profile's
+    `max_num_seqs`), further generation requests wait in the gateway, and each free place goes to
+    the active tenant that has received the least service per unit of its `share` (a Virtual
+    Token Counter, `server.tenants.fair_queue`). A light tenant then waits for one free place,
+    not behind a heavy tenant's whole queue. The wait counts against
+    limits.first_token_timeout_s. Off: every request goes straight to vLLM's own queue."""
+
     usage_db: Path | None = None
     """SQLite usage store (per tenant and UTC day); None: `<server.state_dir>/usage.sqlite3`.
     Used only with a keys file; instances on one host may share it."""

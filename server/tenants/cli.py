@@ -16,7 +16,7 @@ from server.settings.keys_file import KeysFile, KeysFileError, hashed, load_keys
 from server.tenants.usage import COUNTS, read_rows, totals
 
 LIMIT_OPTIONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "budget_tokens", "budget_period",
-                 "models")
+                 "models", "share")
 """The keys-file fields `llm-gateway keys add` takes as options (--requests-per-minute, ...)."""
 
 

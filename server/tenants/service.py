@@ -15,6 +15,7 @@ from typing import Any
 from server.settings import AuthSettings, Settings
 from server.settings.keys_file import Tenant
 from server.tenants.directory import KeyDirectory, load_directory
+from server.tenants.fair_queue import FairQueue
 from server.tenants.limiter import Decision, MemoryRateLimiter, RateLimiter, period_of
 from server.tenants.redis_limiter import RedisRateLimiter
 from server.tenants.usage import UsageRow, UsageStore, totals
@@ -43,6 +44,10 @@ class Tenancy:
         self.limiter: RateLimiter | None = make_limiter(self.auth, clock) if self.enabled else None
         self.usage: UsageStore | None = (
             UsageStore(self.auth.usage_path(settings.server.state_dir), clock) if self.enabled else None)
+        self.fair: FairQueue | None = (
+            FairQueue(lambda: settings.engine.max_num_seqs) if self.enabled and self.auth.fair_share else None)
+        """The engine's places shared fairly between tenants (auth.fair_share); its capacity
+        follows the serving profile once the app is built (`server.app.build_app`)."""
         self._flusher: asyncio.Task[None] | None = None
         self._directory_listeners: list[Callable[[KeyDirectory], None]] = []
         self._keys_reload_listeners: list[Callable[[str], None]] = []

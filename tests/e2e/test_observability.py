@@ -55,9 +55,10 @@ VLLM_FAMILIES = [
 # may in a short CPU test); the share of time paused, on the _sum alone, must still be a number.
 MAY_BE_NAN = ("gateway_engine_reload_duration_seconds", "gateway_engine_reload_pause_seconds",
               "gateway_gc_full_collection_seconds_count")
-# Families only a gateway with a keys file exports (limiter timings, budgets); the session's gateway
-# has none, so expressions on them are checked by tests/e2e/test_tenants.py instead.
-NEEDS_TENANT_LIMITS = ("gateway_tenant_limiter_duration_seconds", "gateway_tenant_budget_")
+# Families only a gateway with a keys file exports (limiter timings, budgets, the fair queue); the
+# session's gateway has none, so expressions on them are checked by tests/e2e/test_tenants.py instead.
+NEEDS_TENANT_LIMITS = ("gateway_tenant_limiter_duration_seconds", "gateway_tenant_budget_",
+                       "gateway_tenant_queue", "gateway_tenant_share")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ def test_families_names_units_and_buckets() -> None:
         "gateway_tenant_rate_limited": "counter", "gateway_tenant_budget_tokens": "gauge",
         "gateway_tenant_budget_used_tokens": "gauge", "gateway_tenant_limiter_duration_seconds": "histogram",
         "gateway_tenant_limiter_degraded": "counter", "gateway_tenant_keys_reloads": "counter",
+        "gateway_tenant_queue_seconds": "histogram", "gateway_tenant_queued_requests": "gauge",
+        "gateway_tenant_share": "gauge",
         "gateway_gc_full_collection_seconds": "histogram",
     }
     assert {n: f.type for n, f in families.items()} == expected

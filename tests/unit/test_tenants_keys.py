@@ -47,6 +47,7 @@ keys:
     budget_tokens: 5000000
     budget_period: day
     models: [smollm2-135m-instruct]
+    share: 3
   - name: team-b
     key: [sk-b-plain, "sha256:{hashlib.sha256(b'sk-b-2').hexdigest()}"]
 """
@@ -58,6 +59,8 @@ def test_directory_maps_hashed_and_plain_keys_to_named_tenants(tmp_path: Path) -
     assert a.name == "team-a" and a.limits.budget_period == "day" and a.limits.models == ["smollm2-135m-instruct"]
     assert (a.limits.requests_per_minute, a.limits.tokens_per_minute, a.limits.max_concurrent,
             a.limits.budget_tokens) == (600, 100000, 8, 5000000)
+    assert a.limits.share == 3 and directory.lookup(b"sk-b-2").limits.share == 1  # a weight, not a limit
+    assert not directory.lookup(b"sk-b-2").limits.any
     assert directory.lookup(b"sk-b-plain").name == directory.lookup(b"sk-b-2").name == "team-b"
     assert directory.plain_key_names == ["team-b"]  # warned about at start
     # --api-key keys keep working: unlimited and unnamed
@@ -72,6 +75,7 @@ def test_directory_maps_hashed_and_plain_keys_to_named_tenants(tmp_path: Path) -
     ("- just a list", "must be a mapping with a `keys:` list"),
     ("keys:\n  - {name: a, key: k1, requests_per_minute: 0}", "keys[0] (a).requests_per_minute: Input should be greater"),
     ("keys:\n  - {name: a, key: k1, tokens_per_min: 5}", "keys[0] (a).tokens_per_min: Extra inputs are not permitted"),
+    ("keys:\n  - {name: a, key: k1, share: 0}", "keys[0] (a).share: Input should be greater than 0"),
     ("keys:\n  - {name: a, key: k1, budget_period: week}", "keys[0] (a).budget_period: Input should be 'day' or 'month'"),
     ("keys:\n  - {name: 'a b', key: k1}", "keys[0] (a b).name: letters, digits"),
     ("keys:\n  - {name: unnamed, key: k1}", "'unnamed' is reserved"),
@@ -121,7 +125,8 @@ def test_cli_and_env_reach_the_auth_settings(tmp_path: Path, monkeypatch: pytest
 def test_keys_add_prints_a_key_once_and_writes_its_hash(tmp_path: Path) -> None:
     path = keys_file(tmp_path, "# the teams of this host\nkeys:\n  - name: first  # kept\n    key: sk-first\n")
     added = cli("keys", "add", "team-b", "--keys-file", str(path), "--requests-per-minute", "60",
-                "--budget-tokens", "1000", "--budget-period", "day", "--model", "m1", "--model", "m2")
+                "--budget-tokens", "1000", "--budget-period", "day", "--model", "m1", "--model", "m2",
+                "--share", "2.5")
     assert added.returncode == 0, added.stderr
     key = added.stdout.strip()
     assert key.startswith("sk-") and len(key) > 40 and key not in path.read_text()
@@ -130,7 +135,7 @@ def test_keys_add_prints_a_key_once_and_writes_its_hash(tmp_path: Path) -> None:
     tenant = directory.lookup(key.encode())
     assert tenant.name == "team-b" and tenant.limits.requests_per_minute == 60
     assert tenant.limits.budget_tokens == 1000 and tenant.limits.budget_period == "day"
-    assert tenant.limits.models == ["m1", "m2"]
+    assert tenant.limits.models == ["m1", "m2"] and tenant.limits.share == 2.5
     # an existing name gets a second key; both work
     second = cli("keys", "add", "team-b", "--keys-file", str(path))
     assert second.returncode == 0 and "second key" in second.stderr

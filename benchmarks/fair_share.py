@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""A fair share of a full engine between tenants (auth.fair_share), against first come first
+served, side by side in one run on the real gateway (vLLM CPU engine, embedded model, a small
+`max_num_seqs` so the engine is full).
+
+Two gateways, one per way, both up for the whole run, measured in turn (the order rotates each
+round): `fair` (auth.fair_share on, the default with a keys file) and `fifo` (off: every request
+goes to vLLM's queue at once). Each round, in each way:
+
+1. `b_alone`: tenant B sends short streams (8 tokens) one at a time; its TTFT.
+2. `a_alone`: tenant A floods with `--flood` concurrent long streams (64 tokens); its output
+   tokens per second over the window once the engine is full.
+3. `a_with_b`: A floods as in 2 while B sends as in 1: B's TTFT, A's tokens per second, and how
+   long one of A's requests takes.
+
+Then, in `fair` only, `weights`: tenants W3 (share 3) and W1 (share 1) both flood; the split of
+the tokens they receive over the window.
+
+Goals (issue 38): in `fair`, B's TTFT p50 under the flood at most B's TTFT alone plus one of A's
+requests (`fifo`: B waits for A's queue), A's tokens per second alone at least 0.9x of `fifo`'s,
+and the weighted split near 3:1.
+
+    .venv/bin/python -m benchmarks.fair_share --out benchmarks/results/<date>-cpu-fair-share.json
+    .venv/bin/python -m benchmarks.fair_share --rounds 1 --window 8      # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.lib import fair_load, servers
+from benchmarks.lib.servers import ROOT
+
+KEYS = {"a": "sk-bench-a", "b": "sk-bench-b", "w3": "sk-bench-w3", "w1": "sk-bench-w1"}
+SHARES = {"a": 1, "b": 1, "w3": 3, "w1": 1}
+MODEL = "smollm2-135m-instruct"
+WAYS = ("fair", "fifo")
+
+
+def keys_file(workdir: Path) -> Path:
+    path = workdir / "keys.yaml"
+    path.write_text("keys:\n" + "".join(f"  - {{name: {name}, key: {key}, share: {SHARES[name]}}}\n"
+                                        for name, key in KEYS.items()))
+    return path
+
+
+async def measure_way(url: str, args: argparse.Namespace, weights: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    limits = httpx.Limits(max_connections=4 * args.flood + 8, max_keepalive_connections=4 * args.flood + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        # 1. B alone
+        tally = fair_load.Tally()
+        await fair_load.one_at_a_time(client, tally, "b", KEYS["b"], MODEL, requests=args.light, max_tokens=8)
+        out["b_alone"] = fair_load.summary(tally.of("b"))
+
+        async def flooded(tenants: list[str], concurrency: int, with_b: bool) -> fair_load.Tally:
+            tally = fair_load.Tally()
+            stop = asyncio.Event()
+            floods = [asyncio.ensure_future(fair_load.flood(client, tally, t, KEYS[t], MODEL, concurrency=concurrency,
+                                                            max_tokens=64, stop=stop)) for t in tenants]
+            await fair_load.wait_running(client, args.seqs)
+            await asyncio.sleep(2.0)  # past the ramp: every place taken, queues formed
+            start = time.monotonic()
+            if with_b:
+                await fair_load.one_at_a_time(client, tally, "b", KEYS["b"], MODEL, requests=args.light, max_tokens=8)
+            remaining = args.window - (time.monotonic() - start)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+            tally.window = (start, time.monotonic())
+            for task in floods:  # abandoned streams: the gateway aborts them
+                task.cancel()
+            await asyncio.gather(*floods, return_exceptions=True)
+            await asyncio.sleep(1.0)
+            return tally
+
+        # 2. A alone
+        tally = await flooded(["a"], args.flood, with_b=False)
+        out["a_alone"] = {"tokens_per_s": round(tally.tokens_per_s("a"), 2), **fair_load.summary(tally.of("a"))}
+        # 3. A flooding, B one at a time
+        tally = await flooded(["a"], args.flood, with_b=True)
+        out["a_with_b"] = {"a_tokens_per_s": round(tally.tokens_per_s("a"), 2), "b": fair_load.summary(tally.of("b")),
+                           "a": fair_load.summary(tally.of("a"))}
+        if weights:
+            tally = await flooded(["w3", "w1"], args.flood // 2, with_b=False)
+            w3, w1 = tally.tokens_per_s("w3"), tally.tokens_per_s("w1")
+            out["weights"] = {"w3_tokens_per_s": round(w3, 2), "w1_tokens_per_s": round(w1, 2),
+                              "split": round(w3 / w1, 3) if w1 else None}
+    return out
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(values: list[float | None]) -> dict[str, float] | None:
+        got = sorted(v for v in values if v is not None)
+        return {"median": round(fair_load.p50(got), 4), "min": round(got[0], 4), "max": round(got[-1], 4)} if got else None
+
+    result: dict[str, Any] = {}
+    for way in WAYS:
+        runs = [r for r in rounds if r["way"] == way]
+        result[way] = {
+            "b_ttft_p50_alone_s": med([r["b_alone"]["ttft_p50_s"] for r in runs]),
+            "b_ttft_p50_flooded_s": med([r["a_with_b"]["b"]["ttft_p50_s"] for r in runs]),
+            "b_ttft_max_flooded_s": med([r["a_with_b"]["b"]["ttft_max_s"] for r in runs]),
+            "a_e2e_p50_s": med([r["a_alone"]["e2e_p50_s"] for r in runs]),
+            "a_tokens_per_s_alone": med([r["a_alone"]["tokens_per_s"] for r in runs]),
+            "a_tokens_per_s_with_b": med([r["a_with_b"]["a_tokens_per_s"] for r in runs]),
+        }
+        if way == "fair":
+            result[way]["weights_split"] = med([r["weights"]["split"] for r in runs if "weights" in r])
+    pairs = zip([r for r in rounds if r["way"] == "fair"], [r for r in rounds if r["way"] == "fifo"])
+    result["a_throughput_fair_over_fifo"] = med([f["a_alone"]["tokens_per_s"] / o["a_alone"]["tokens_per_s"]
+                                                 for f, o in pairs if o["a_alone"]["tokens_per_s"]])
+    fair = result["fair"]
+    if fair["b_ttft_p50_alone_s"] and fair["b_ttft_p50_flooded_s"] and fair["a_e2e_p50_s"]:
+        bound = fair["b_ttft_p50_alone_s"]["median"] + fair["a_e2e_p50_s"]["median"]
+        result["goals"] = {
+            "b_ttft_flooded_within_alone_plus_one_a_request": fair["b_ttft_p50_flooded_s"]["median"] <= bound,
+            "bound_s": round(bound, 4),
+            "a_throughput_at_least_0.9x_fifo": (result["a_throughput_fair_over_fifo"] or {}).get("median", 0) >= 0.9,
+        }
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seqs", type=int, default=4, help="the engine's max_num_seqs (small: the engine is full)")
+    ap.add_argument("--flood", type=int, default=32, help="tenant A's concurrent streams")
+    ap.add_argument("--light", type=int, default=6, help="tenant B's requests per phase")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds each flood is measured")
+    ap.add_argument("--out", type=Path, help="results file (JSON)")
+    args = ap.parse_args()
+
+    running: dict[str, servers.Server] = {}
+    rounds: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="fair-share-") as tmp:
+        workdir = Path(tmp)
+        keys = keys_file(workdir)
+        try:
+            for way in WAYS:
+                port = servers.free_port()
+                cmd = [sys.executable, "-m", "server", "serve", "--config", str(servers.CPU_CONFIG), "--port", str(port),
+                       "--state-dir", str(ROOT / ".state"), "--keys-file", str(keys)]
+                env = {"LLM_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.seqs),
+                       "LLM_GATEWAY_AUTH__FAIR_SHARE": "true" if way == "fair" else "false",
+                       "LLM_GATEWAY_AUTH__USAGE_DB": str(workdir / f"usage-{way}.sqlite3")}
+                running[way] = servers.start_server(way, cmd, workdir / f"{way}.log", port, servers.clean_env(env))
+            for server in running.values():
+                server.wait_ready("/ready", 600)
+            for rnd in range(args.rounds):
+                for way in WAYS[rnd % 2:] + WAYS[:rnd % 2]:
+                    result = asyncio.run(measure_way(running[way].base_url, args, weights=way == "fair"))
+                    rounds.append({"round": rnd, "way": way, **result})
+                    print(f"round {rnd} {way}: B ttft p50 alone {result['b_alone']['ttft_p50_s']:.3f} s, flooded "
+                          f"{result['a_with_b']['b']['ttft_p50_s']:.3f} s; A {result['a_alone']['tokens_per_s']:.1f} "
+                          f"tok/s alone, request {result['a_alone']['e2e_p50_s']:.2f} s"
+                          + (f"; weights 3:1 -> {result['weights']['split']}" if "weights" in result else ""), flush=True)
+        finally:
+            for server in running.values():
+                server.stop(grace_s=60)
+    doc = {"benchmark": "fair_share", "when": servers.now_utc(), "machine": platform.node(),
+           "setup": {"engine": f"vLLM CPU, {servers.CPU_CONFIG.name} (embedded SmolLM2-135M)",
+                     "max_num_seqs": args.seqs, "flood_concurrency": args.flood, "flood_max_tokens": 64,
+                     "light_requests": args.light, "light_max_tokens": 8, "window_s": args.window,
+                     "shares": SHARES, "rounds": args.rounds, "stream": True, "ignore_eos": True,
+                     "interleaving": "both gateways up for the whole run; the ways measured in turn, the "
+                                     "order rotating each round"},
+           "summary": summarize(rounds), "rounds": rounds}
+    print(json.dumps(doc["summary"], indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The tenants' fair queue (auth.fair_share) on the real CPU engine: with the engine full of one
+tenant's flood, another tenant's short request waits for one free place, not for the flood's
+queue, and the engine never runs more than max_num_seqs. The fair-versus-FIFO numbers are
+`benchmarks.fair_share`'s (docs/performance/tenants.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from benchmarks.lib import fair_load
+from tests.conftest import ServerProcess, start_gateway
+from tests.unit.test_metrics import get
+
+SEQS = 2
+FLOOD = 12
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def fair_gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("fair-share")
+    keys = tmp / "keys.yaml"
+    keys.write_text("keys:\n  - {name: heavy, key: sk-heavy}\n  - {name: light, key: sk-light}\n")
+    server = start_gateway(tmp, extra_args=["--keys-file", str(keys)],
+                           env={"LLM_GATEWAY_ENGINE__MAX_NUM_SEQS": str(SEQS),
+                                "LLM_GATEWAY_AUTH__USAGE_DB": str(tmp / "usage.sqlite3")})
+    yield server
+    server.stop()
+
+
+def scrape(server: ServerProcess) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(httpx.get(server.base_url + "/metrics", timeout=30).text)
+            for s in f.samples}
+
+
+@pytest.mark.timing
+def test_a_light_tenant_waits_for_one_place_not_for_the_flood(fair_gateway: ServerProcess) -> None:
+    before = scrape(fair_gateway)
+    during: dict = {}
+
+    async def main() -> tuple[fair_load.Tally, fair_load.Tally]:
+        alone, tally = fair_load.Tally(), fair_load.Tally()
+        stop = asyncio.Event()
+        async with httpx.AsyncClient(base_url=fair_gateway.base_url, timeout=300,
+                                     limits=httpx.Limits(max_connections=FLOOD + 8)) as client:
+            await fair_load.one_at_a_time(client, alone, "light", "sk-light", MODEL, requests=3, max_tokens=4,
+                                          pause_s=(0.1, 0.3))
+            heavy = asyncio.ensure_future(fair_load.flood(client, tally, "heavy", "sk-heavy", MODEL,
+                                                          concurrency=FLOOD, max_tokens=48, stop=stop))
+            await fair_load.wait_running(client, SEQS)
+            await asyncio.sleep(1.0)  # every place taken, the rest of the flood queued behind them
+            during.update(await asyncio.to_thread(scrape, fair_gateway))
+            await fair_load.one_at_a_time(client, tally, "light", "sk-light", MODEL, requests=4, max_tokens=4)
+            heavy.cancel()  # the flood's streams are abandoned: the gateway aborts them
+            await asyncio.gather(heavy, return_exceptions=True)
+        return alone, tally
+
+    alone, tally = asyncio.run(main())
+    heavy, light = tally.of("heavy"), tally.of("light")
+    assert heavy and all(r.status == 200 and r.tokens == 48 for r in heavy), [(r.status, r.tokens) for r in heavy]
+    assert all(r.status == 200 for r in light + alone.of("light"))
+    # One heavy request's time in the engine (its first token to its last), as the machine ran it.
+    service = statistics.median(r.e2e_s - r.ttft_s for r in heavy if r.e2e_s and r.ttft_s)
+    waited = statistics.median(r.ttft_s for r in light if r.ttft_s is not None)
+    by_itself = statistics.median(r.ttft_s for r in alone.of("light") if r.ttft_s is not None)
+    print(f"light's TTFT p50 {waited:.2f} s flooded, {by_itself:.2f} s alone; one heavy request {service:.2f} s")
+    # First come first served, light would wait for the FLOOD - SEQS requests queued ahead of it:
+    # (FLOOD - SEQS) / SEQS = 5 heavy requests' time. The fair queue gives it the next free place:
+    # its TTFT alone plus at most one heavy request (the goal), with room for a loaded machine.
+    assert waited < by_itself + 1.5 * service, (waited, by_itself, service)
+    after = scrape(fair_gateway)
+    assert get(after, "gateway_tenant_queue_seconds_count", tenant="light") - get(
+        before, "gateway_tenant_queue_seconds_count", tenant="light") == 7
+    heavy_waits = get(after, "gateway_tenant_queue_seconds_sum", tenant="heavy") - get(
+        before, "gateway_tenant_queue_seconds_sum", tenant="heavy")
+    assert heavy_waits > service  # the flood did wait, in the gateway
+    # While the flood ran, its queue was in the gateway, not in vLLM's.
+    assert get(during, "gateway_tenant_queued_requests", tenant="heavy") >= FLOOD // 2, during
+    waiting = [v for (name, _), v in during.items() if name == "vllm:num_requests_waiting"]
+    assert waiting and max(waiting) == 0, waiting
