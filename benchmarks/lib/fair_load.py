@@ -5,6 +5,7 @@ long streams while another sends short ones one at a time (or several flood at o
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import time
@@ -23,32 +24,30 @@ class Streamed:
     ttft_s: float | None = None
     e2e_s: float | None = None
     tokens: int = 0
+    """Generated tokens, from the stream's final usage chunk."""
+    chunks: int = 0
+    """Chunks with text: vLLM merges a stream's pending tokens into one chunk when its reader
+    lags, so these can be fewer than the tokens."""
     status: int = 0
 
 
 @dataclass
 class Tally:
-    """What a load gathered: finished requests, and each tenant's tokens within the window."""
+    """What a load gathered: the finished requests, and the window they are counted in."""
 
     requests: list[Streamed] = field(default_factory=list)
     window: tuple[float, float] | None = None
-    token_times: dict[str, list[float]] = field(default_factory=dict)
 
     def of(self, tenant: str) -> list[Streamed]:
         return [r for r in self.requests if r.tenant == tenant]
 
-    def tokens_per_s(self, tenant: str) -> float:
-        """The tenant's generated tokens per second within the window (all of its tokens, when no
-        window was set)."""
-        times = self.token_times.get(tenant, [])
-        if self.window is None:
-            if not times:
-                return 0.0
-            lo, hi = min(times), max(times)
-        else:
-            lo, hi = self.window
-        inside = [t for t in times if lo <= t <= hi]
-        return len(inside) / (hi - lo) if hi > lo else 0.0
+    def finished_per_s(self, tenant: str) -> float:
+        """The tenant's requests that ended within the window, per second."""
+        assert self.window is not None
+        lo, hi = self.window
+        ended = [r for r in self.of(tenant) if r.status == 200 and r.e2e_s is not None
+                 and lo <= r.started + r.e2e_s <= hi]
+        return len(ended) / (hi - lo) if hi > lo else 0.0
 
 
 def p50(values: list[float]) -> float | None:
@@ -59,9 +58,8 @@ async def stream_one(client: httpx.AsyncClient, tally: Tally, tenant: str, key: 
                      prompt: str, max_tokens: int) -> Streamed:
     """One streamed /v1/completions request (ignore_eos: exactly max_tokens tokens)."""
     record = Streamed(tenant, time.monotonic())
-    times = tally.token_times.setdefault(tenant, [])
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0}
+            "temperature": 0, "stream_options": {"include_usage": True}}
     async with client.stream("POST", "/v1/completions", json=body,
                              headers={"Authorization": f"Bearer {key}"}) as r:
         record.status = r.status_code
@@ -71,11 +69,14 @@ async def stream_one(client: httpx.AsyncClient, tally: Tally, tenant: str, key: 
             async for line in r.aiter_lines():
                 if not line.startswith("data: {"):
                     continue
-                now = time.monotonic()
+                if '"usage":{' in line.replace(" ", ""):
+                    chunk = json.loads(line[6:])
+                    record.tokens = (chunk.get("usage") or {}).get("completion_tokens", 0)
+                    if not chunk.get("choices"):
+                        continue  # the final usage chunk carries no text
                 if record.ttft_s is None:
-                    record.ttft_s = now - record.started
-                record.tokens += 1
-                times.append(now)
+                    record.ttft_s = time.monotonic() - record.started
+                record.chunks += 1
     record.e2e_s = time.monotonic() - record.started
     tally.requests.append(record)
     return record
@@ -125,4 +126,6 @@ def summary(requests: list[Streamed]) -> dict[str, Any]:
     return {"requests": len(requests), "failed": len(requests) - len(ok),
             "ttft_p50_s": p50([r.ttft_s for r in ok if r.ttft_s is not None]),
             "ttft_max_s": max((r.ttft_s for r in ok if r.ttft_s is not None), default=None),
-            "e2e_p50_s": p50([r.e2e_s for r in ok if r.e2e_s is not None])}
+            "e2e_p50_s": p50([r.e2e_s for r in ok if r.e2e_s is not None]),
+            # From the first token to the last: the request's time in the engine, without its wait.
+            "service_p50_s": p50([r.e2e_s - r.ttft_s for r in ok if r.e2e_s is not None and r.ttft_s is not None])}
