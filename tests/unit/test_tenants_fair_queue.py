@@ -52,11 +52,19 @@ def test_a_light_tenant_gets_the_next_free_place_past_a_flood() -> None:
 
 
 async def saturate(q: FairQueue, shares: dict[str, float], grants: int, prompt: int = 20,
-                   completion: int = 10, joins: dict[str, int] | None = None, depth: int = 3) -> Counter[str]:
-    """Every tenant keeps `depth` equal requests waiting on a full engine (from the `joins[name]`th
+                   completion: int = 10, joins: dict[str, int] | None = None, depth: int = 3,
+                   sizes: dict[str, int] | None = None) -> Counter[str]:
+    """Every tenant keeps `depth` requests waiting on a full engine (from the `joins[name]`th
     grant on, 0 by default); count who gets the next `grants` places (the oldest running request
-    ends each time a place is handed out). Counts of late joiners start when they join."""
+    ends each time a place is handed out). Counts of late joiners start when they join. A tenant
+    in `sizes` sends requests of that many prompt and completion tokens."""
     joins = joins or {}
+    sizes = sizes or {}
+    held_sizes: dict[int, int] = {}
+
+    def ask(name: str) -> asyncio.Future[Place]:
+        return asyncio.ensure_future(q.acquire(name, shares[name], 1, sizes.get(name, prompt)))
+
     got: Counter[str] = Counter()
     held: list[Place] = []
     waiters: dict[str, list[asyncio.Future[Place]]] = {}
@@ -64,8 +72,7 @@ async def saturate(q: FairQueue, shares: dict[str, float], grants: int, prompt: 
     def join_due() -> None:
         for name in shares:
             if name not in waiters and sum(got.values()) >= joins.get(name, 0):
-                waiters[name] = [asyncio.ensure_future(q.acquire(name, shares[name], 1, prompt))
-                                 for _ in range(depth)]
+                waiters[name] = [ask(name) for _ in range(depth)]
 
     join_due()
     await settle()
@@ -74,12 +81,14 @@ async def saturate(q: FairQueue, shares: dict[str, float], grants: int, prompt: 
             for fut in [f for f in futs if f.done()]:
                 futs.remove(fut)
                 held.append(fut.result())
+                held_sizes[id(held[-1])] = sizes.get(name, completion)
                 got[name] += 1
-                futs.append(asyncio.ensure_future(q.acquire(name, shares[name], 1, prompt)))
+                futs.append(ask(name))
         join_due()
         await settle()
         if held:
-            q.release(held.pop(0), completion)
+            place = held.pop(0)
+            q.release(place, held_sizes.pop(id(place)))
             await settle()
     for futs in waiters.values():
         for fut in futs:
@@ -100,26 +109,7 @@ def test_weights_split_a_full_engine_in_proportion() -> None:
 def test_equal_shares_split_evenly_whatever_the_request_sizes() -> None:
     """Service, not requests, is what is shared: B's requests are 4x A's, so A gets ~4x the places."""
     async def main() -> None:
-        q = FairQueue(lambda: 2)
-        got: Counter[str] = Counter()
-        held: list[tuple[Place, int]] = []
-        sizes = {"a": 10, "b": 40}
-        waiters = {n: [asyncio.ensure_future(q.acquire(n, 1.0, 1, sizes[n])) for _ in range(3)] for n in sizes}
-        await settle()
-        while sum(got.values()) < 300:
-            for name, futs in waiters.items():
-                for fut in [f for f in futs if f.done()]:
-                    futs.remove(fut)
-                    held.append((fut.result(), sizes[name]))
-                    got[name] += 1
-                    futs.append(asyncio.ensure_future(q.acquire(name, 1.0, 1, sizes[name])))
-            await settle()
-            place, size = held.pop(0)
-            q.release(place, size)
-            await settle()
-        for futs in waiters.values():
-            for fut in futs:
-                fut.cancel()
+        got = await saturate(FairQueue(lambda: 2), {"a": 1.0, "b": 1.0}, 300, sizes={"a": 10, "b": 40})
         assert 3.4 <= got["a"] / got["b"] <= 4.6, got
     run(main())
 
