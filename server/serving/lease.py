@@ -71,8 +71,9 @@ async def serve_on_lease(
     """Take an engine lease, `prepare` the request on it (client errors surface here, before any
     byte is sent), ask the tenant limits to admit the reservation `prepare` put in `stats` (a
     refusal surfaces here too, before the engine sees the request: the engine streams `prepare`
-    made start only when read), wait for the tenant's turn in a full engine (`stats.turn`), then either hand the lease to the returned EventStream (released when the
-    stream ends, however it ends) or `complete` the request and release it. `text_chars` (the
+    made start only when read), wait for the tenant's turn in a full engine (`stats.turn`), then
+    either hand the lease to the returned EventStream (released when the stream ends, however it
+    ends) or `complete` the request and release it. `text_chars` (the
     prompt's text size) above OFFLOAD_PROMPT_CHARS moves `prepare` off the event loop."""
     lease = AsyncExitStack()
     engine = await lease.enter_async_context(holder.lease())
