@@ -86,6 +86,20 @@ PROFILES: dict[str, dict] = {
     "no_prefix_cache_32k_256seqs": _p(**NOPC, max_num_seqs=256, max_num_batched_tokens=32768),
     "no_prefix_cache_32k_512seqs": _p(**NOPC, max_num_seqs=512, max_num_batched_tokens=32768),
     "no_prefix_cache_32k_no_async": _p(**NOPC, max_num_batched_tokens=32768, async_scheduling=False),
+    # issue 37: the engine's own flags on both shipped profiles (the decode profile is vLLM's
+    # defaults, the prefill profile fast_prefill_32k). FP8 weights are vLLM's online dynamic
+    # quantization of the bf16 checkpoint; the FP8 KV cache is e4m3 with unit scales.
+    "defaults_fp8": _p(quantization="fp8"),
+    "defaults_fp8kv": _p(kv_cache_dtype="fp8"),
+    "defaults_fp8_fp8kv": _p(quantization="fp8", kv_cache_dtype="fp8"),
+    "defaults_full_decode_only": _p(compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"}),
+    "defaults_piecewise": _p(compilation_config={"cudagraph_mode": "PIECEWISE"}),
+    "defaults_no_async": _p(async_scheduling=False),
+    "fast_prefill_32k_fp8": _p(**FP, max_num_batched_tokens=32768, quantization="fp8"),
+    "fast_prefill_32k_fp8_fp8kv": _p(**FP, max_num_batched_tokens=32768, quantization="fp8", kv_cache_dtype="fp8"),
+    "fast_prefill_32k_full_decode_only": _p(
+        **FP, max_num_batched_tokens=32768, compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"}
+    ),
 }
 
 COMMON = {
@@ -105,7 +119,7 @@ def random_prompts(rng: random.Random, n: int, length: int) -> list[list[int]]:
 
 # --------------------------------------------------------------------------------- child
 def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dry: bool,
-          repeats: int = 1) -> None:
+          repeats: int = 1, trace_dir: Path | None = None) -> None:
     t0 = time.perf_counter()
     info: dict = {}
     if dry:
@@ -116,6 +130,12 @@ def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dr
 
         kwargs = dict(COMMON)
         kwargs.update(spec)
+        if trace_dir is not None:
+            # the profiler is idle until start_profile(); its settings do not enter the compile hash
+            kwargs["profiler_config"] = {
+                "profiler": "torch", "torch_profiler_dir": str(trace_dir),
+                "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": False,
+            }
         llm = LLM(model=model, **kwargs)
         info["vllm"] = vllm.__version__
         try:
@@ -159,8 +179,29 @@ def child(name: str, spec: dict, workloads: list[str], out: Path, model: str, dr
         for repeat in range(repeats):
             dt, n_in, n_out = run(random_prompts(rng, n, lin), lout)
             record(name, wl, metric, repeat, dt, n_in, n_out, start_s, spec, info, dry, out)
+    if trace_dir is not None:
+        trace_single_stream(llm, name, rng, run, trace_dir, out, dry)
     print(f"[{name}] done in {time.perf_counter() - t0:.1f}s", flush=True)
     os._exit(0)  # skip engine teardown: the process is ending anyway
+
+
+def trace_single_stream(llm, name: str, rng: random.Random, run, trace_dir: Path, out: Path, dry: bool,
+                        tokens: int = 128) -> None:
+    """One traced single stream (1 x 1024 in, `tokens` out) after the timed runs: the GPU's kernel
+    time against the wall time of its steps (benchmarks/lib/step_trace.py), one line in
+    <out>-steps.jsonl."""
+    from benchmarks.lib.step_trace import summarise
+
+    if not dry:
+        llm.start_profile()
+    dt, _, n_out = run(random_prompts(rng, 1, 1024), tokens)
+    if not dry:
+        llm.stop_profile()
+    rec = {"profile": name, "elapsed_s": round(dt, 4), "tokens_per_s_traced": round(n_out / dt, 1),
+           **summarise(trace_dir, n_out)}
+    with out.with_name(out.stem + "-steps.jsonl").open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    print(f"[{name}] step trace: {rec}", flush=True)
 
 
 def record(name: str, wl: str, metric: str, repeat: int, dt: float, n_in: int, n_out: int, start_s: float,
@@ -190,6 +231,9 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=560.0, help="stop starting/running after this")
     ap.add_argument("--min-left-s", type=float, default=60.0, help="do not start a profile with less left")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per workload (fresh prompts each)")
+    ap.add_argument("--trace-profiles", default="",
+                    help="these profiles also trace one single stream (GPU kernel time against wall time)")
+    ap.add_argument("--trace-dir", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="fake engine: test the driver without vLLM")
     ap.add_argument("--table", nargs="*", type=Path, help="print a table from result files and exit")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -200,7 +244,7 @@ def main() -> None:
         return
     workloads = a.workloads.split(",")
     if a.child:
-        child(a.child, PROFILES[a.child], workloads, a.out, a.model, a.dry_run, a.repeats)
+        child(a.child, PROFILES[a.child], workloads, a.out, a.model, a.dry_run, a.repeats, a.trace_dir)
         return
 
     t_end = time.monotonic() + a.deadline_s
@@ -215,6 +259,8 @@ def main() -> None:
             continue
         cmd = [sys.executable, "-m", "benchmarks.profiles", "--child", name, "--workloads", a.workloads,
                "--out", str(a.out), "--model", a.model, "--repeats", str(a.repeats)] + (["--dry-run"] if a.dry_run else [])
+        if name in a.trace_profiles.split(","):
+            cmd += ["--trace-dir", str(a.out.parent / f"trace-{name}")]
         t = time.monotonic()
         logf = a.log.open("a") if a.log else None
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

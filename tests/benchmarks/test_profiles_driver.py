@@ -43,3 +43,42 @@ def test_dry_run_writes_one_line_per_repeat(tmp_path: Path) -> None:
     assert ("no_prefix_cache_32k_512seqs", "prefill_4x1024_1", 2) in seen
     assert {r["engine_args"]["max_num_seqs"] for r in recs if r["profile"] == "no_prefix_cache_32k_512seqs"} == {512}
     assert "(" in run.stdout.splitlines()[-1]  # the final table shows the spread of the repeats
+
+
+def test_step_trace_counts_overlapping_kernels_once(tmp_path: Path) -> None:
+    """GPU busy time is the union of kernel intervals (two streams overlap), against the span from
+    the first kernel to the last; the frontend's CPU-only trace is passed over."""
+    import gzip
+
+    from benchmarks.lib.step_trace import summarise
+
+    worker = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 1000},
+        {"ph": "X", "cat": "kernel", "name": "attn", "ts": 500, "dur": 1000},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 3000, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 5},
+    ]
+    with gzip.open(tmp_path / "worker.pt.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": worker}, f)
+    (tmp_path / "frontend.pt.trace.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "schedule", "ts": 0, "dur": 9000}]}))
+    s = summarise(tmp_path, tokens=2)
+    assert s["trace"] == "worker.pt.trace.json.gz"
+    assert (s["span_ms"], s["gpu_busy_ms"], s["gpu_busy_fraction"]) == (4.0, 2.5, 0.625)
+    assert (s["wall_ms_per_token"], s["gpu_ms_per_token"], s["graph_launches"]) == (2.0, 1.25, 1)
+    assert list(s["top_kernels_ms"]) == ["gemm", "attn", "copy"]
+
+
+def test_dry_run_traces_the_named_profiles_only(tmp_path: Path) -> None:
+    out = tmp_path / "dry.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profiles", "--dry-run", "--profiles", "defaults,defaults_fp8",
+         "--workloads", "single_1x1024_256", "--trace-profiles", "defaults_fp8", "--out", str(out),
+         "--deadline-s", "60", "--min-left-s", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    steps = [json.loads(line) for line in (tmp_path / "dry-steps.jsonl").read_text().splitlines()]
+    assert [s["profile"] for s in steps] == ["defaults_fp8"]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["engine_args"].get("quantization") for r in recs if r["profile"] == "defaults_fp8"} == {"fp8"}
