@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.fixtures import synth_tokenizer
 from benchmarks.lib import fair_load, servers
 from benchmarks.lib.servers import ROOT
 
@@ -57,25 +58,38 @@ def keys_file(workdir: Path) -> Path:
     return path
 
 
-async def measure_way(url: str, args: argparse.Namespace, weights: bool) -> dict[str, Any]:
+async def light(client: httpx.AsyncClient, tally: fair_load.Tally, args: argparse.Namespace, model: str) -> None:
+    """Tenant B: `--light-concurrency` loops of short streams, one at a time each."""
+    await asyncio.gather(*(fair_load.one_at_a_time(client, tally, "b", KEYS["b"], model, requests=args.light,
+                                                   max_tokens=8, seed=i)
+                           for i in range(args.light_concurrency)))
+
+
+async def measure_way(url: str, args: argparse.Namespace, weights: bool, flood: int, model: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    limits = httpx.Limits(max_connections=4 * args.flood + 8, max_keepalive_connections=4 * args.flood + 8)
+    limits = httpx.Limits(max_connections=4 * flood + 8, max_keepalive_connections=4 * flood + 8)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         # 1. B alone
         tally = fair_load.Tally()
-        await fair_load.one_at_a_time(client, tally, "b", KEYS["b"], MODEL, requests=args.light, max_tokens=8)
+        await light(client, tally, args, model)
         out["b_alone"] = fair_load.summary(tally.of("b"))
 
         async def flooded(tenants: list[str], concurrency: int, with_b: bool) -> fair_load.Tally:
             tally = fair_load.Tally()
             stop = asyncio.Event()
-            floods = [asyncio.ensure_future(fair_load.flood(client, tally, t, KEYS[t], MODEL, concurrency=concurrency,
-                                                            max_tokens=MAX_TOKENS, stop=stop)) for t in tenants]
-            await fair_load.wait_running(client, args.seqs)
+            if args.flood_workers > 1:
+                procs = [fair_load.FloodProcesses(url, t, KEYS[t], model, concurrency=concurrency, max_tokens=MAX_TOKENS,
+                                                  workers=args.flood_workers) for t in tenants]
+                floods = []
+            else:
+                procs = []
+                floods = [asyncio.ensure_future(fair_load.flood(client, tally, t, KEYS[t], model, concurrency=concurrency,
+                                                                max_tokens=MAX_TOKENS, stop=stop)) for t in tenants]
+            await fair_load.wait_running(client, min(args.seqs, concurrency * len(tenants)), timeout_s=120)
             await asyncio.sleep(2.0)  # past the ramp: every place taken, queues formed
             start = time.monotonic()
             if with_b:
-                await fair_load.one_at_a_time(client, tally, "b", KEYS["b"], MODEL, requests=args.light, max_tokens=8)
+                await light(client, tally, args, model)
             remaining = args.window - (time.monotonic() - start)
             if remaining > 0:
                 await asyncio.sleep(remaining)
@@ -83,20 +97,22 @@ async def measure_way(url: str, args: argparse.Namespace, weights: bool) -> dict
             for task in floods:  # abandoned streams: the gateway aborts them
                 task.cancel()
             await asyncio.gather(*floods, return_exceptions=True)
+            for proc in procs:
+                tally.requests.extend(await asyncio.to_thread(proc.stop))
             await asyncio.sleep(1.0)
             return tally
 
         # 2. A alone
-        tally = await flooded(["a"], args.flood, with_b=False)
+        tally = await flooded(["a"], flood, with_b=False)
         out["a_alone"] = {"tokens_per_s": round(tally.finished_per_s("a") * MAX_TOKENS, 2),
                           **fair_load.summary(tally.of("a"))}
         # 3. A flooding, B one at a time
-        tally = await flooded(["a"], args.flood, with_b=True)
+        tally = await flooded(["a"], flood, with_b=True)
         out["a_with_b"] = {"a_tokens_per_s": round(tally.finished_per_s("a") * MAX_TOKENS, 2),
                            "b": fair_load.summary(tally.of("b")),
                            "a": fair_load.summary(tally.of("a"))}
         if weights:
-            tally = await flooded(["w3", "w1"], args.flood // 2, with_b=False)
+            tally = await flooded(["w3", "w1"], flood // 2, with_b=False)
             w3, w1 = tally.finished_per_s("w3") * MAX_TOKENS, tally.finished_per_s("w1") * MAX_TOKENS
             out["weights"] = {"w3_tokens_per_s": round(w3, 2), "w1_tokens_per_s": round(w1, 2),
                               "split": round(w3 / w1, 3) if w1 else None}
@@ -133,19 +149,66 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "b_ttft_flooded_within_alone_plus_one_a_request": fair["b_ttft_p50_flooded_s"]["median"] <= bound,
             "bound_s": round(bound, 4),
             "a_throughput_at_least_0.9x_fifo": (result["a_throughput_fair_over_fifo"] or {}).get("median", 0) >= 0.9,
+            # the H200's goals: B's TTFT under the flood within 3x alone, a 3:1 split within 10%
+            "b_ttft_flooded_over_alone": round(fair["b_ttft_p50_flooded_s"]["median"] / fair["b_ttft_p50_alone_s"]["median"], 3),
         }
+        if fair.get("weights_split"):
+            result["goals"]["weights_split_within_10pct_of_3"] = abs(fair["weights_split"]["median"] / 3 - 1) <= 0.1
     return result
+
+
+def num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple[dict[str, servers.Server], str]:
+    """One gateway per way, both up for the whole run; the model name they serve."""
+    running: dict[str, servers.Server] = {}
+    model = MODEL
+    synth = synth_tokenizer.build(servers.gpu_model_dir(workdir / "gemma-4-e2b-synth")) if args.device == "gpu" else None
+    for way in WAYS:
+        port = servers.free_port()
+        config = args.config or servers.CPU_CONFIG
+        if args.device == "gpu":
+            # the synthetic Gemma directory, dummy weights, a private state dir, and the memory
+            # split between the two engines; the profile's own flags otherwise
+            over = servers.deep_merge(servers.device_overrides("gpu", workdir / way, synth),
+                                      {"engine": {"gpu_memory_utilization": args.gpu_memory_utilization}})
+            settings = servers.effective_settings(config, over)
+            config = servers.write_settings(settings, workdir / f"{way}.yaml")
+            model = settings.engine.served_model_name
+        cmd = [sys.executable, "-m", "server", "serve", "--config", str(config), "--port", str(port),
+               "--keys-file", str(keys)]
+        if args.device == "cpu":
+            cmd += ["--state-dir", str(ROOT / ".state")]
+        env = {"LLM_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.seqs),
+               "LLM_GATEWAY_AUTH__FAIR_SHARE": "true" if way == "fair" else "false",
+               "LLM_GATEWAY_AUTH__USAGE_DB": str(workdir / f"usage-{way}.sqlite3")}
+        running[way] = servers.start_server(way, cmd, workdir / f"{way}.log", port, servers.clean_env(env))
+        if args.device == "gpu":  # one engine start at a time: the second finds the compile cache warm
+            running[way].wait_ready("/ready", 900)
+    for server in running.values():
+        server.wait_ready("/ready", 900)
+    return running, model
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--config", type=Path, help="the profile (default: the embedded CPU one; on the GPU, say which)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.42, help="each of the two engines' share (GPU)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seqs", type=int, default=4, help="the engine's max_num_seqs (small: the engine is full)")
-    ap.add_argument("--flood", type=int, default=32, help="tenant A's concurrent streams")
-    ap.add_argument("--light", type=int, default=6, help="tenant B's requests per phase")
+    ap.add_argument("--flood", default="32", help="tenant A's concurrent streams; several levels comma-separated")
+    ap.add_argument("--flood-workers", type=int, default=1, help="client processes a flood is spread over")
+    ap.add_argument("--light", type=int, default=6, help="tenant B's requests per phase (per loop)")
+    ap.add_argument("--light-concurrency", type=int, default=1, help="tenant B's loops of one request at a time")
     ap.add_argument("--window", type=float, default=20.0, help="seconds each flood is measured")
+    ap.add_argument("--deadline-s", type=float, default=0.0, help="start no round after this (0: none)")
     ap.add_argument("--out", type=Path, help="results file (JSON)")
     args = ap.parse_args()
+    levels = [int(x) for x in str(args.flood).split(",")]
+    t_end = time.monotonic() + args.deadline_s if args.deadline_s else None
 
     running: dict[str, servers.Server] = {}
     rounds: list[dict[str, Any]] = []
@@ -153,41 +216,56 @@ def main() -> int:
         workdir = Path(tmp)
         keys = keys_file(workdir)
         try:
-            for way in WAYS:
-                port = servers.free_port()
-                cmd = [sys.executable, "-m", "server", "serve", "--config", str(servers.CPU_CONFIG), "--port", str(port),
-                       "--state-dir", str(ROOT / ".state"), "--keys-file", str(keys)]
-                env = {"LLM_GATEWAY_ENGINE__MAX_NUM_SEQS": str(args.seqs),
-                       "LLM_GATEWAY_AUTH__FAIR_SHARE": "true" if way == "fair" else "false",
-                       "LLM_GATEWAY_AUTH__USAGE_DB": str(workdir / f"usage-{way}.sqlite3")}
-                running[way] = servers.start_server(way, cmd, workdir / f"{way}.log", port, servers.clean_env(env))
-            for server in running.values():
-                server.wait_ready("/ready", 600)
+            running, model = start_gateways(args, workdir, keys)
             for rnd in range(args.rounds):
-                for way in WAYS[rnd % 2:] + WAYS[:rnd % 2]:
-                    result = asyncio.run(measure_way(running[way].base_url, args, weights=way == "fair"))
-                    rounds.append({"round": rnd, "way": way, **result})
-                    print(f"round {rnd} {way}: B ttft p50 alone {result['b_alone']['ttft_p50_s']:.3f} s, flooded "
-                          f"{result['a_with_b']['b']['ttft_p50_s']:.3f} s; A {result['a_alone']['tokens_per_s']:.1f} "
-                          f"tok/s alone, request {result['a_alone']['service_p50_s']:.2f} s in the engine"
-                          + (f"; weights 3:1 -> {result['weights']['split']}" if "weights" in result else ""), flush=True)
+                if t_end is not None and time.monotonic() > t_end:
+                    print(f"deadline: stopped before round {rnd}", flush=True)
+                    break
+                for flood in levels:
+                    for way in WAYS[rnd % 2:] + WAYS[:rnd % 2]:
+                        result = asyncio.run(measure_way(running[way].base_url, args, way == "fair", flood, model))
+                        rounds.append({"round": rnd, "way": way, "flood": flood, **result})
+                        if args.out:  # what is measured so far, should a later round not finish
+                            write(args, rounds, levels, args.out)
+                        print(f"round {rnd} flood {flood} {way}: B ttft p50 alone {num(result['b_alone']['ttft_p50_s'])} s, "
+                              f"flooded {num(result['a_with_b']['b']['ttft_p50_s'])} s; A {result['a_alone']['tokens_per_s']:.1f} "
+                              f"tok/s alone, request {num(result['a_alone']['service_p50_s'])} s in the engine"
+                              + (f"; weights 3:1 -> {result['weights']['split']}" if "weights" in result else ""), flush=True)
         finally:
             for server in running.values():
                 server.stop(grace_s=60)
+            if args.device == "gpu":
+                for way in WAYS:
+                    log = workdir / f"{way}.log"
+                    if log.exists() and args.out:
+                        (args.out.parent / f"{args.out.stem}-{way}.log").write_text(log.read_text()[-200000:])
+    doc = write(args, rounds, levels, args.out)
+    print(json.dumps(doc["summary"], indent=2))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def write(args: argparse.Namespace, rounds: list[dict[str, Any]], levels: list[int], out: Path | None) -> dict[str, Any]:
+    summary = ({f"flood_{c}": summarize([r for r in rounds if r["flood"] == c]) for c in levels}
+               if len(levels) > 1 else summarize(rounds))
+    engine = (f"vLLM CPU, {servers.CPU_CONFIG.name} (embedded SmolLM2-135M)" if args.device == "cpu" else
+              f"vLLM GPU, {(args.config or servers.GPU_CONFIG).name} (Gemma 4 E2B shapes, dummy weights, synthetic "
+              f"tokenizer), gpu_memory_utilization {args.gpu_memory_utilization} each")
     doc = {"benchmark": "fair_share", "when": servers.now_utc(), "machine": platform.node(),
-           "setup": {"engine": f"vLLM CPU, {servers.CPU_CONFIG.name} (embedded SmolLM2-135M)",
-                     "max_num_seqs": args.seqs, "flood_concurrency": args.flood, "flood_max_tokens": MAX_TOKENS,
+           "setup": {"engine": engine, "device": args.device,
+                     "max_num_seqs": args.seqs, "flood_concurrency": levels, "flood_max_tokens": MAX_TOKENS,
+                     "flood_client_processes": args.flood_workers,
                      "throughput": "requests of a tenant that ended within the window x flood_max_tokens, per second",
-                     "light_requests": args.light, "light_max_tokens": 8, "window_s": args.window,
+                     "light_requests": args.light, "light_concurrency": args.light_concurrency,
+                     "light_max_tokens": 8, "window_s": args.window,
                      "shares": SHARES, "rounds": args.rounds, "stream": True, "ignore_eos": True,
                      "interleaving": "both gateways up for the whole run; the ways measured in turn, the "
                                      "order rotating each round"},
-           "summary": summarize(rounds), "rounds": rounds}
-    print(json.dumps(doc["summary"], indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"wrote {args.out}")
-    return 0
+           "summary": summary, "rounds": rounds}
+    if out:
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import queue
 import random
 import statistics
 import time
@@ -92,6 +94,60 @@ async def flood(client: httpx.AsyncClient, tally: Tally, tenant: str, key: str, 
             n += 1
 
     await asyncio.gather(*(loop(i) for i in range(concurrency)))
+
+
+def _flood_worker(url: str, tenant: str, key: str, model: str, concurrency: int, max_tokens: int, prompt: str,
+                  stop: Any, out: Any) -> None:
+    """One client process of a flood: its share of the loops until `stop` (a multiprocessing
+    Event) is set; then its finished requests go to `out`. Streams still open are abandoned (the
+    gateway aborts them), as in the one-process flood."""
+    async def main() -> list[Streamed]:
+        limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+            tally = Tally()
+            task = asyncio.ensure_future(flood(client, tally, tenant, key, model, concurrency=concurrency,
+                                               max_tokens=max_tokens, stop=asyncio.Event(), prompt=prompt))
+            while not stop.is_set() and not task.done():
+                await asyncio.sleep(0.05)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return tally.requests
+
+    out.put(asyncio.run(main()))
+
+
+class FloodProcesses:
+    """A flood spread over `workers` client processes: at hundreds of streams one Python event
+    loop parsing every chunk becomes the limit, and its lag would also delay the light tenant's
+    measurements in the same loop. `time.monotonic()` is the system's monotonic clock, so the
+    records' times compare with the caller's window."""
+
+    def __init__(self, url: str, tenant: str, key: str, model: str, *, concurrency: int, max_tokens: int,
+                 workers: int, prompt: str = "Tell a long story:") -> None:
+        ctx = multiprocessing.get_context("spawn")  # no fork under a running event loop
+        self._stop = ctx.Event()
+        self._out: Any = ctx.Queue()
+        sizes = [concurrency // workers + (1 if i < concurrency % workers else 0) for i in range(workers)]
+        self._procs = [ctx.Process(target=_flood_worker, daemon=True,
+                                   args=(url, tenant, key, model, n, max_tokens, f"{prompt} w{i}", self._stop, self._out))
+                       for i, n in enumerate(sizes) if n]
+        for proc in self._procs:
+            proc.start()
+
+    def stop(self, timeout_s: float = 60.0) -> list[Streamed]:
+        """End every loop; the finished requests of all the processes."""
+        self._stop.set()
+        records: list[Streamed] = []
+        for _ in self._procs:
+            try:
+                records.extend(self._out.get(timeout=timeout_s))
+            except queue.Empty:
+                break
+        for proc in self._procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+        return records
 
 
 async def one_at_a_time(client: httpx.AsyncClient, tally: Tally, tenant: str, key: str, model: str, *,
