@@ -36,7 +36,8 @@ COMPAT_TESTS ?= tests/integration/test_completions.py tests/integration/test_cha
 	tests/integration/test_engine_compat.py tests/integration/test_stall.py \
 	tests/integration/test_reload_in_place.py tests/integration/test_chat_tools.py \
 	tests/integration/test_vllm_parity_tools.py tests/integration/test_tool_parsing_gemma4.py \
-	tests/unit/test_reasoning_parsing.py
+	tests/integration/test_tool_choice_gemma4.py tests/unit/test_reasoning_parsing.py \
+	tests/unit/test_tool_grammar.py
 # Variants whose engine-facing path another compat test already takes on 0.26, deselected there
 # (they run on 0.32 in `make test`): drain-swap under load (started by SIGHUP) stops and starts
 # the engines blue-green's run starts and stops; SIGTERM during a blue-green reload's start

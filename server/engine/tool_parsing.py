@@ -4,13 +4,17 @@ The serving layer sends tools as the OpenAI JSON dicts and gets `ToolCallExtract
 vLLM `ChatCompletionRequest` the parsers need is built here. vLLM 0.26 and 0.32 both keep the
 parsers in `vllm.tool_parsers` and the request model in
 `vllm.entrypoints.openai.chat_completion.protocol`; their differences are in `compat`.
+
+`required` and a named `tool_choice` always get a constraint that forces a call: vLLM's own (a
+JSON schema, or a structural tag in the parser's syntax), else a grammar in the parser's syntax
+(`tool_grammar`, Gemma 4), else vLLM's JSON schema, read by the gateway instead of the parser.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from server.engine import compat
+from server.engine import compat, tool_grammar
 from server.engine.types import ParsedToolCall, ToolCallExtraction
 
 
@@ -90,6 +94,31 @@ class VllmToolCallParser:
             self._request = unified.adjust_request(self._request)
         self.structured = compat.structured_outputs_fields(self._request.structured_outputs)
         self.skip_special_tokens = bool(self._request.skip_special_tokens)
+        forces_call = tool_choice == "required" or isinstance(tool_choice, dict)
+        if forces_call and not self.forced_by_schema:
+            if self.structured is None:
+                self._force_a_call(name, tools, tool_choice, parallel_tool_calls)
+            elif "json" in self.structured:
+                # vLLM 0.26's ToolParser.adjust_request forces the tools' JSON schema also on
+                # parsers that read their own syntax for required/named (inkling; 0.32 leaves
+                # them free): the output is that JSON, so it is read as for a forced parser.
+                self.forced_by_schema = True
+
+    def _force_a_call(self, name: str, tools: list[dict[str, Any]], tool_choice: Any,
+                      parallel_tool_calls: bool | None) -> None:
+        """Constrain `required`/named output where vLLM's parser left it free (gemma4, 0.26 and
+        0.32: `vllm serve` then answers whatever the model writes, often no call at all)."""
+        function = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+        grammar = tool_grammar.call_grammar(name, tools, function, parallel_tool_calls is False)
+        if grammar is not None:  # the parser's own syntax: the parser reads the calls as usual
+            self.structured = {"grammar": grammar}
+            return
+        # No grammar for this syntax: vLLM's JSON schema, whose calls the gateway reads itself.
+        # vLLM 0.26 gives a named function without parameters no schema (0.32 `{"type":
+        # "object"}`, see compat): an object still, so the output is arguments.
+        schema = tool_choice_json_schema(tools, tool_choice, parallel_tool_calls)
+        self.forced_by_schema = True
+        self.structured = {"json": schema if schema is not None else {"type": "object"}}
 
     def extract(self, text: str) -> ToolCallExtraction:
         info = self._parser.extract_tool_calls(text, request=self._request)

@@ -106,16 +106,19 @@ class ToolCallParser(Protocol):
     has no fixed opener (then a streamed choice is held whole)."""
 
     forced_by_schema: bool
-    """Whether `required` and named `tool_choice` constrain the output to vLLM's JSON schema
-    (False: the model writes its own call syntax and this parser reads it, e.g. gemma4)."""
+    """Whether `required` and named `tool_choice` constrain the output to vLLM's JSON schema,
+    whose calls the gateway reads (False: they constrain it to the model's own call syntax, by
+    vLLM's structural tag or the gateway's grammar, and this parser reads it, e.g. gemma4)."""
 
     strips_calls_without_tools: bool
     """Whether `tool_choice: none` still runs this parser to drop call syntax from the content,
     as `vllm serve` does for vLLM's engine-based parsers (gemma4)."""
 
     structured: dict[str, Any] | None
-    """The output constraint vLLM's parser sets for this request's tools and `tool_choice`
-    (`SamplingOptions.structured` fields: a structural tag, a JSON schema), or None."""
+    """The output constraint for this request's tools and `tool_choice` (`SamplingOptions.structured`
+    fields): what vLLM's parser sets (a structural tag, a JSON schema), or for `required` and a
+    named function where it sets none, the gateway's (a grammar of the call syntax); None for
+    `auto`/`none` without one."""
 
     skip_special_tokens: bool
     """False when the call syntax uses special tokens the text must keep."""

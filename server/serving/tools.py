@@ -2,7 +2,9 @@
 
 As `vllm serve` does it: `auto` parses the model's own call syntax with the profile's vLLM tool
 parser (`engine.tool_call_parser`); `required` and a named function constrain the output with
-structured output (a JSON schema vLLM builds from the tools) and read the calls from that JSON.
+structured output (a JSON schema vLLM builds from the tools) and read the calls from that JSON,
+or, for parsers that read the model's own syntax there too, constrain it to that syntax (vLLM's
+structural tag, or the engine's grammar where vLLM has none, e.g. gemma4) and parse it.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ class ToolPlan:
     function_name: str | None = None
     """The named function (mode `named`)."""
     structured: dict[str, Any] | None = None
-    """The output constraint (`SamplingOptions.structured`): what vLLM's parser sets (a
-    structural tag for hermes, vLLM's default strict tool calling; a JSON schema), or without a
-    parser the JSON schema of `required`/named."""
+    """The output constraint (`SamplingOptions.structured`): the parser's (`ToolCallParser.structured`:
+    vLLM's structural tag for hermes, vLLM's default strict tool calling; a JSON schema; the
+    engine's grammar of Gemma 4 calls for `required`/named), or without a parser the JSON schema
+    of `required`/named."""
     parser: ToolCallParser | None = None
     """The profile's vLLM tool parser (None without `engine.tool_call_parser`)."""
     single_call: bool = False
@@ -222,8 +225,13 @@ def _read_tool_calls(
         calls = _calls(extracted.calls)
         if plan.mode == "auto":
             return extracted.content, calls, "tool_calls" if calls else finish_reason
-        # required/named from the model's own syntax (vLLM's fallback for parsers that are not
-        # forced into JSON): content is "" rather than null, `required` ends `tool_calls`.
+        # required/named from the model's own syntax (parsers that are not forced into JSON,
+        # constrained to their syntax): content is "" rather than null, `required` ends `tool_calls`.
+        # The constraint lets only the tools' names through (the named one's for a named choice):
+        # another is a call cut off by max_tokens inside its name, which no client could run.
+        callable_names = {plan.function_name} if plan.mode == "named" else {
+            t["function"]["name"] for t in plan.tools or []}
+        calls = [c for c in calls if c.function.name in callable_names]
         required_stop = plan.mode == "required" and finish_reason == "stop"
         return extracted.content or "", calls, "tool_calls" if required_stop else finish_reason
     if plan.mode == "required":

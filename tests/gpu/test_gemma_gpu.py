@@ -163,6 +163,58 @@ def test_tool_calls_through_the_gemma4_parser_plain_and_streamed(gemma: tuple[Se
 
 
 
+# Arguments the call grammar bounds (an enum, an integer): with random weights a call still ends
+# within max_tokens. WEATHER's free string may not end (max_tokens cuts it), yet the call is read.
+FORECAST = {"type": "function", "function": {
+    "name": "get_forecast", "description": "Forecast for a city",
+    "parameters": {"type": "object", "required": ["city", "days"], "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "days": {"type": "integer"}}}}}
+
+
+def test_required_named_and_any_call_a_tool_ten_times_of_ten(gemma: tuple[ServerProcess, str]) -> None:
+    """Issue 39 item 2 on the H200: vLLM leaves gemma4's `required` and named output free, the
+    gateway constrains it to Gemma 4's call syntax (server/engine/tool_grammar.py), so each
+    answer holds a call, plain, streamed and through /v1/messages (`any`, `tool`)."""
+    server, _ = gemma
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        for seed in range(10):
+            r = chat(server, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=48, temperature=1.0,
+                     seed=seed)
+            assert r.status_code == 200, (choice, r.text)
+            answer = r.json()["choices"][0]
+            assert well_formed_calls(answer["message"].get("tool_calls") or []), (choice, seed, answer)
+        chunks, _ = streamed_chat(server, messages=ask, tools=[WEATHER], tool_choice=choice, max_tokens=48,
+                                  temperature=1.0)
+        streamed = [c for ch in chunks for d in ch["choices"] for c in d["delta"].get("tool_calls") or []]
+        assert [c["function"]["name"] for c in streamed if c["function"].get("name")][:1] == ["get_weather"], chunks
+    for choice in ("required", {"type": "function", "function": {"name": "get_forecast"}}):
+        for seed in range(10):
+            r = chat(server, messages=ask, tools=[WEATHER, FORECAST], tool_choice=choice, parallel_tool_calls=False,
+                     max_tokens=64, temperature=1.0, seed=seed)
+            assert r.status_code == 200, (choice, r.text)
+            answer = r.json()["choices"][0]
+            [call] = answer["message"]["tool_calls"]
+            if choice != "required":
+                assert call["function"]["name"] == "get_forecast", answer
+            if call["function"]["name"] == "get_forecast":  # whole: its arguments are bounded
+                args = json.loads(call["function"]["arguments"])
+                assert args["city"] in ("Paris", "Rome") and isinstance(args["days"], int), answer
+                assert answer["finish_reason"] == ("tool_calls" if choice == "required" else "stop"), answer
+    tools = [{"name": "get_weather", "description": "Weather in a city",
+              "input_schema": WEATHER["function"]["parameters"]}]
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        for seed in range(10):
+            r = httpx.post(server.base_url + "/v1/messages", timeout=300, json={
+                "model": model, "max_tokens": 48, "temperature": 1.0, "messages": ask, "tools": tools,
+                "tool_choice": choice})
+            assert r.status_code == 200, (choice, r.text)
+            uses = [b for b in r.json()["content"] if b["type"] == "tool_use"]
+            assert uses and uses[0]["name"] == "get_weather", (choice, seed, r.json())
+
+
 # Gemma 4's reasoning channel, forced the same way (JSON strings hold no raw newline, so no
 # "thought\n" prefix): `reasoning_parser: gemma4` must move it out of the content.
 FORCED_THOUGHT = {"type": "json_schema", "json_schema": {"name": "thought", "schema": {

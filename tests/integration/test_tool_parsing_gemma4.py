@@ -45,12 +45,19 @@ def test_gemma4_reads_its_own_call_syntax_and_keeps_the_text_before(tokenizer) -
 
 
 def test_the_constraint_and_special_tokens_come_from_vllms_parser(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    """As `vllm serve` sets them: gemma4 is never forced (required/named are read from its own
-    syntax), keeps special tokens, and runs on `tool_choice: none` to drop call syntax; hermes
-    gets vLLM's structural tag (strict tool calling, on by default) for auto and required."""
+    """As `vllm serve` sets them: gemma4 is never forced into JSON (required/named are read from
+    its own syntax), keeps special tokens, and runs on `tool_choice: none` to drop call syntax;
+    hermes gets vLLM's structural tag (strict tool calling, on by default) for auto and required.
+    Where vLLM leaves gemma4's required/named free, the gateway's grammar of its calls forces one
+    (server/engine/tool_grammar.py); auto stays free."""
     p = parser(tokenizer, "required")
     assert p.forced_by_schema is False and p.strips_calls_without_tools is True
-    assert p.structured is None and p.skip_special_tokens is False
+    assert p.skip_special_tokens is False
+    assert p.structured is not None and list(p.structured) == ["grammar"]
+    assert '"<|tool_call>call:"' in p.structured["grammar"] and '"get_weather"' in p.structured["grammar"]
+    named = parser(tokenizer, {"type": "function", "function": {"name": "get_weather"}})
+    assert named.structured is not None and named.forced_by_schema is False
+    assert parser(tokenizer, "auto").structured is None
     strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
     named = {"type": "function", "function": {"name": "get_weather"}}
     for tools, choice in (([WEATHER], "required"), ([WEATHER], named), ([strict], "auto")):
@@ -78,3 +85,24 @@ def test_the_synthetic_template_renders_tools_and_calls_in_gemma4_syntax(tokeniz
     assert "<|tool_response>sunny<tool_response|>" in text and text.endswith("<|turn>model\n")
     ids = tokenizer.encode("<|tool_call>", add_special_tokens=False)
     assert len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=False) == "<|tool_call>"
+
+
+def test_required_and_named_are_constrained_for_every_parser(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """Issue 39: `required` and a named function force a call whatever the parser: a JSON schema
+    the gateway reads (then `forced_by_schema`), vLLM's structural tag or the gateway's grammar
+    in the parser's syntax. Parsers this tokenizer or environment cannot build (their own tokens,
+    an optional package) are skipped."""
+    from server.engine.tool_parsing import available_tool_parsers
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    checked = []
+    for name in available_tool_parsers():
+        for choice in ("required", named):
+            try:
+                p = VllmToolCallParser(name, tokenizer, [WEATHER], choice, None)
+            except Exception:  # noqa: BLE001 "could not locate the tool call token", a missing package
+                break
+            assert p.structured is not None, (name, choice)
+            assert p.forced_by_schema == ("json" in p.structured), (name, choice, p.structured)
+            checked.append(name)
+    assert "gemma4" in checked and "hermes" in checked and len(set(checked)) > 10, checked
