@@ -15,6 +15,7 @@ set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh
 name=fair-share
+DETACH_DIR=/tmp/$name
 if [ "${1:-}" = start ]; then
   detach_start "$name" python3 -m benchmarks.fair_share --device gpu --config "$PWD/configs/gemma4-e2b-h200-decode.yaml" \
     --seqs "${SEQS:-256}" --flood "${FLOOD:-256,1024}" --flood-workers "${WORKERS:-4}" \
