@@ -53,6 +53,9 @@ class RequestStats:
     """The tenant's turn in a full engine (None without a keys file or with auth.fair_share
     off): serving enters it after admission, before the engine sees the request, and leaves it
     when the request ends."""
+    queue_s: float | None = None
+    """How long the request waited in its turn for a place in a full engine (None: it did not
+    wait): the tenant's usage records it."""
 
     def usage(self) -> Usage:
         return Usage(

@@ -187,16 +187,20 @@ class TenantLimitMiddleware:
         async def turn(stats: RequestStats) -> AsyncIterator[None]:
             started = time.monotonic()
             timeout = self.queue_timeout()
+            place = None
             try:
                 place = await fair.acquire(tenant.name, tenant.limits.share, stats.sequences,
                                            stats.prompt_tokens, timeout)
             except asyncio.TimeoutError:
-                self._child(self.metrics.tenant_queue, tenant.name).observe(time.monotonic() - started)
                 stats.prompt_tokens = 0  # it never reached the engine: nothing to charge
                 raise RequestTimeoutError(
                     f"no place in the engine within {timeout} s (limits.first_token_timeout_s): other "
                     "requests held every place; aborted") from None
-            self._child(self.metrics.tenant_queue, tenant.name).observe(time.monotonic() - started)
+            finally:
+                waited = time.monotonic() - started
+                self._child(self.metrics.tenant_queue, tenant.name).observe(waited)
+                if place is None or place.queued:  # a timeout waited too
+                    stats.queue_s = waited
             try:
                 yield
             finally:
@@ -278,7 +282,7 @@ class TenantLimitMiddleware:
                 self._child(self.metrics.tenant_rate_limited, tenant.name, BUDGET).inc()
             if self.tenancy.enabled:
                 await self._finish(tenant, None if refused else decision, prompt, completion,
-                                   error=status >= 400 or ended)
+                                   error=status >= 400 or ended, queue_s=stats.queue_s if stats is not None else None)
 
     @staticmethod
     def _over_budget(state: RequestState, decision: Decision) -> bool:
@@ -286,9 +290,9 @@ class TenantLimitMiddleware:
         return stats is not None and stats.prompt_tokens + stats.completion_tokens > decision.budget_held
 
     async def _finish(self, tenant: Tenant, decision: Decision | None, prompt: int, completion: int,
-                      *, error: bool) -> None:
+                      *, error: bool, queue_s: float | None = None) -> None:
         try:
-            used = await self.tenancy.finish(tenant, decision, prompt, completion, error=error)
+            used = await self.tenancy.finish(tenant, decision, prompt, completion, error=error, queue_s=queue_s)
         except Exception:  # a failed settlement must not turn a served request into an error
             logger.exception("settling tenant %s's request failed", tenant.name)
             return

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from server.settings.keys_file import KeysFile, KeysFileError, hashed, load_keys_file
-from server.tenants.usage import COUNTS, read_rows, totals
+from server.tenants.usage import SHOWN, read_rows, totals
 
 LIMIT_OPTIONS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "budget_tokens", "budget_period",
                  "models", "share")
@@ -97,7 +97,7 @@ def print_usage(db: Path, tenant: str | None, start: str | None, end: str | None
         return 1
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
         rows = read_rows(lambda sql, args: conn.execute(sql, args).fetchall(), tenant, start, end)
-    columns = ["tenant", "day", *COUNTS, "total_tokens"]
+    columns = ["tenant", "day", *SHOWN]
     lines = [[str(v) for v in row.as_dict().values()] for row in rows]
     lines += [[name, "total", *(str(v) for v in sums.values())] for name, sums in sorted(totals(rows).items())]
     widths = [max([len(c), *(len(line[i]) for line in lines)]) for i, c in enumerate(columns)]

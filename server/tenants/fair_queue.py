@@ -45,6 +45,8 @@ class Place:
     granted: asyncio.Future[None] = field(repr=False)
     prompt_tokens: int = 0
     released: bool = False
+    queued: bool = False
+    """Whether it waited (the engine was full, or others were waiting, when it asked)."""
 
 
 class FairQueue:
@@ -81,6 +83,7 @@ class FairQueue:
         if not self._waiting and self.in_use + place.places <= self.capacity():
             self._grant(place)
             return place
+        place.queued = True
         self._waiting.setdefault(tenant, deque()).append(place)
         self._notify(tenant)
         self._dispatch()

@@ -69,12 +69,13 @@ class Tenancy:
             self.usage.record(tenant.name, error=True)
 
     async def finish(self, tenant: Tenant, decision: Decision | None, prompt_tokens: int,
-                     completion_tokens: int, *, error: bool) -> int | None:
-        """An admitted request ended: record its usage, settle its decision; the budget's count
-        after it (None when there is nothing new to say)."""
+                     completion_tokens: int, *, error: bool, queue_s: float | None = None) -> int | None:
+        """An admitted request ended: record its usage (and its wait for a place in a full
+        engine, None when it did not wait), settle its decision; the budget's count after it
+        (None when there is nothing new to say)."""
         if self.usage is not None:
             self.usage.record(tenant.name, error=error, prompt_tokens=prompt_tokens,
-                              completion_tokens=completion_tokens)
+                              completion_tokens=completion_tokens, queue_s=queue_s)
         if decision is None or self.limiter is None or decision.settled:
             return None
         decision.settled = True

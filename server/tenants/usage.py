@@ -22,7 +22,7 @@ from typing import Any
 
 logger = logging.getLogger("llm_gateway.tenants")
 
-COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "queued", "queue_ms")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -32,17 +32,25 @@ CREATE TABLE IF NOT EXISTS usage (
     errors INTEGER NOT NULL DEFAULT 0,            -- answered 4xx/5xx (429s included), or a stream ended by an error
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
+    queued INTEGER NOT NULL DEFAULT 0,            -- requests that waited for a place in a full engine (fair queue)
+    queue_ms INTEGER NOT NULL DEFAULT 0,          -- milliseconds they waited, all together
     PRIMARY KEY (tenant, day)
 )
 """
+SHOWN = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "queued", "queue_ms")
+"""A row's numbers as /admin/usage and `llm-gateway usage` show them."""
+ADDED_COLUMNS = ("queued", "queue_ms")
+"""Columns newer than the first usage files: added to an older file when it is opened."""
 UPSERT = """
-INSERT INTO usage (tenant, day, requests, errors, prompt_tokens, completion_tokens)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO usage (tenant, day, requests, errors, prompt_tokens, completion_tokens, queued, queue_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (tenant, day) DO UPDATE SET
     requests = requests + excluded.requests,
     errors = errors + excluded.errors,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    queued = queued + excluded.queued,
+    queue_ms = queue_ms + excluded.queue_ms
 """
 
 
@@ -54,13 +62,18 @@ class UsageRow:
     errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    queued: int = 0
+    """Requests that waited for a place in a full engine (`auth.fair_share`)."""
+    queue_ms: int = 0
+    """How long they waited, all together (milliseconds)."""
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
     def counts(self) -> dict[str, int]:
-        return {**{name: getattr(self, name) for name in COUNTS}, "total_tokens": self.total_tokens}
+        """The row's numbers in the order reports show them (`SHOWN`)."""
+        return {name: getattr(self, name) for name in SHOWN}
 
     def as_dict(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "day": self.day, **self.counts()}
@@ -94,6 +107,7 @@ def open_usage_db(path: Path, timeout_s: float = OPEN_TIMEOUT_S) -> sqlite3.Conn
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(SCHEMA)
+            _add_columns(db)
             return db
         except sqlite3.OperationalError as exc:
             db.close()
@@ -101,6 +115,20 @@ def open_usage_db(path: Path, timeout_s: float = OPEN_TIMEOUT_S) -> sqlite3.Conn
                 raise
             time.sleep(pause)
             pause = min(pause * 2, 0.25)
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """Bring a usage file written by an older gateway up to the current columns (zero for the
+    days before)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for column in ADDED_COLUMNS:
+        if column in have:
+            continue
+        try:
+            db.execute(f"ALTER TABLE usage ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        except sqlite3.OperationalError as exc:
+            if "duplicate column" not in str(exc):  # another instance added it just now
+                raise
 
 
 class UsageStore:
@@ -118,13 +146,18 @@ class UsageStore:
             self._db = open_usage_db(self.path)
         return self._db
 
-    def record(self, tenant: str, *, error: bool, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-        """One generation request of `tenant`, answered now."""
-        counts = self._pending.setdefault((tenant, day_of(self.clock())), [0, 0, 0, 0])
+    def record(self, tenant: str, *, error: bool, prompt_tokens: int = 0, completion_tokens: int = 0,
+               queue_s: float | None = None) -> None:
+        """One generation request of `tenant`, answered now; `queue_s`: how long it waited for
+        a place in a full engine (None: it did not wait)."""
+        counts = self._pending.setdefault((tenant, day_of(self.clock())), [0] * len(COUNTS))
         counts[0] += 1
         counts[1] += error
         counts[2] += prompt_tokens
         counts[3] += completion_tokens
+        if queue_s is not None:
+            counts[4] += 1
+            counts[5] += round(queue_s * 1000)
 
     def _write(self, batch: dict[tuple[str, str], list[int]]) -> None:
         with self._db_lock:
@@ -148,7 +181,7 @@ class UsageStore:
                 logger.error("usage store %s: write failed (%s); keeping %d rows for the next flush",
                              self.path, exc, len(batch))
                 for key, counts in batch.items():  # merged with what arrived meanwhile
-                    pending = self._pending.setdefault(key, [0, 0, 0, 0])
+                    pending = self._pending.setdefault(key, [0] * len(COUNTS))
                     for i, value in enumerate(counts):
                         pending[i] += value
 
@@ -188,7 +221,9 @@ def read_rows(query: Query, tenant: str | None, start: str | None, end: str | No
         if value is not None:
             where.append(clause)
             args.append(value)
-    sql = f"SELECT tenant, day, {', '.join(COUNTS)} FROM usage"
+    # A file no gateway has opened since it gained columns (read-only, `llm-gateway usage`): 0.
+    have = {row[1] for row in query("PRAGMA table_info(usage)", ())}
+    sql = f"SELECT tenant, day, {', '.join(c if c in have else '0' for c in COUNTS)} FROM usage"
     if where:
         sql += " WHERE " + " AND ".join(where)
     sql += " ORDER BY day, tenant"

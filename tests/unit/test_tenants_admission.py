@@ -219,3 +219,28 @@ async def test_a_request_cancelled_while_its_admission_is_decided_gives_everythi
         limiter.acquire = acquire  # type: ignore[method-assign]
         r = await post(gw, "/v1/completions", "sk-both", {"prompt": [1], "max_tokens": 1})
         assert 60 - 2 <= remaining(r) <= 60
+
+
+def test_a_usage_file_from_before_the_queue_columns_is_read_and_upgraded(tmp_path: Path) -> None:
+    """Usage files written before `queued`/`queue_ms` existed: `llm-gateway usage` (read-only)
+    reads them with zeros, and the gateway adds the columns when it opens the file."""
+    import sqlite3
+
+    from server.tenants.usage import open_usage_db, read_rows
+
+    path = tmp_path / "usage.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE usage (tenant TEXT NOT NULL, day TEXT NOT NULL, requests INTEGER NOT NULL DEFAULT 0, "
+                   "errors INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0, "
+                   "completion_tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (tenant, day))")
+        db.execute("INSERT INTO usage VALUES ('a', '2026-12-01', 3, 1, 30, 40)")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = read_rows(lambda sql, args: db.execute(sql, args).fetchall(), None, None, None)
+    assert [r.as_dict() for r in rows] == [{"tenant": "a", "day": "2026-12-01", "requests": 3, "errors": 1,
+                                            "prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70,
+                                            "queued": 0, "queue_ms": 0}]
+    db = open_usage_db(path)
+    db.execute("UPDATE usage SET queued = 2, queue_ms = 150")
+    assert db.execute("SELECT queued, queue_ms FROM usage").fetchall() == [(2, 150)]
+    db.close()
+    open_usage_db(path).close()  # a second open finds the columns in place

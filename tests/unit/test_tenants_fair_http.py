@@ -19,7 +19,7 @@ from server.settings import EngineProfile, Settings
 from server.tenants.service import Tenancy
 from testbed.fakes import FakeEngine
 from tests.unit.test_metrics import get, snapshot
-from tests.unit.test_tenants_http import assert_error, bearer
+from tests.unit.test_tenants_http import ADMIN, assert_error, bearer
 
 KEYS = """
 keys:
@@ -42,7 +42,8 @@ class FairGateway:
         self.settings = Settings(
             engine=EngineProfile(device="cpu", kv_cache_memory_bytes=1, served_model_name="fake",
                                  load_format="dummy", max_num_seqs=SEQS),
-            auth={"keys_file": keys, "usage_db": tmp_path / "usage.sqlite3", "fair_share": fair_share},
+            auth={"keys_file": keys, "usage_db": tmp_path / "usage.sqlite3", "fair_share": fair_share,
+                  "admin_keys": ["sk-admin"]},
             limits=limits or {}, server={"state_dir": tmp_path / "state"})
         self.engine = FakeEngine(delay_s=0.02)
         self.most_running = 0
@@ -104,6 +105,13 @@ async def test_the_light_tenant_gets_the_next_place_and_the_engine_never_overfil
         assert get(metrics, "gateway_tenant_queued_requests", tenant="heavy") == 0
         assert get(metrics, "gateway_tenant_share", tenant="light") == 2
         assert gw.tenancy.fair is not None and gw.tenancy.fair.in_use == 0
+        # The usage store counts the waits: heavy's 10 requests past the first SEQS waited, for as
+        # long as the metrics say (to the millisecond); light's waited for one place.
+        usage = (await gw.client.get("/admin/usage", headers=ADMIN)).json()["tenants"]
+        waited_ms = get(metrics, "gateway_tenant_queue_seconds_sum", tenant="heavy") * 1000
+        assert 10 - SEQS <= usage["heavy"]["queued"] <= 10
+        assert abs(usage["heavy"]["queue_ms"] - waited_ms) <= 10 and usage["heavy"]["queue_ms"] > 300
+        assert usage["light"]["queued"] == 1 and usage["light"]["requests"] == 1
 
 
 @pytest.mark.anyio

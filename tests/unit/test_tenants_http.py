@@ -267,7 +267,8 @@ async def test_usage_store_and_admin_report(tmp_path: Path) -> None:
         today = time.strftime("%Y-%m-%d", time.gmtime())
         rows = {row["tenant"]: row for row in report["data"]}
         assert rows["rpm"] == {"tenant": "rpm", "day": today, "requests": 3, "errors": 1,
-                               "prompt_tokens": 6, "completion_tokens": 8, "total_tokens": 14}
+                               "prompt_tokens": 6, "completion_tokens": 8, "total_tokens": 14,
+                               "queued": 0, "queue_ms": 0}
         assert rows["free"]["requests"] == 2 and rows["free"]["errors"] == 1 and rows["free"]["completion_tokens"] == 2
         assert report["tenants"]["rpm"]["limits"]["requests_per_minute"] == 2
         assert report["tenants"]["budget"]["requests"] == 0  # listed with zeros

@@ -156,13 +156,15 @@ def test_usage_prints_a_table(tmp_path: Path) -> None:
     db = tmp_path / "usage.sqlite3"
     with sqlite3.connect(db) as conn:
         conn.execute(SCHEMA)
-        conn.executemany(UPSERT, [("a", "2026-11-30", 3, 1, 30, 60), ("a", "2026-12-01", 2, 0, 20, 40),
-                                  ("b", "2026-12-01", 1, 0, 5, 5)])
+        conn.executemany(UPSERT, [("a", "2026-11-30", 3, 1, 30, 60, 0, 0), ("a", "2026-12-01", 2, 0, 20, 40, 1, 250),
+                                  ("b", "2026-12-01", 1, 0, 5, 5, 0, 0)])
     shown = cli("usage", "--usage-db", str(db), "--from", "2026-12-01")
     assert shown.returncode == 0, shown.stderr
     lines = [line.split() for line in shown.stdout.splitlines()]
-    assert lines[0] == ["tenant", "day", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens"]
-    assert ["a", "2026-12-01", "2", "0", "20", "40", "60"] in lines and ["b", "total", "1", "0", "5", "5", "10"] in lines
+    assert lines[0] == ["tenant", "day", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
+                        "queued", "queue_ms"]
+    assert ["a", "2026-12-01", "2", "0", "20", "40", "60", "1", "250"] in lines
+    assert ["b", "total", "1", "0", "5", "5", "10", "0", "0"] in lines
     assert not any(line[1] == "2026-11-30" for line in lines[1:])
     only = cli("usage", "--usage-db", str(db), "--tenant", "a", "--to", "2026-11-30").stdout.splitlines()
     assert [line.split()[:3] for line in only[1:]] == [["a", "2026-11-30", "3"], ["a", "total", "3"]]
@@ -181,7 +183,7 @@ def test_usage_file_opens_when_instances_start_at_once(tmp_path: Path) -> None:
             start.wait()
             try:
                 db = open_usage_db(path)
-                db.execute(UPSERT, ("a", "2026-12-03", 1, 0, 2, 3))
+                db.execute(UPSERT, ("a", "2026-12-03", 1, 0, 2, 3, 0, 0))
                 db.close()
             except sqlite3.Error as exc:
                 errors.append(exc)
