@@ -78,8 +78,11 @@ async def measure_way(url: str, args: argparse.Namespace, weights: bool, flood: 
             tally = fair_load.Tally()
             stop = asyncio.Event()
             if args.flood_workers > 1:
+                # The heavier share takes more of the engine's tokens, so its client gets more
+                # processes: on the H200 one process read at most ~2.5-4k tokens per second.
                 procs = [fair_load.FloodProcesses(url, t, KEYS[t], model, concurrency=concurrency, max_tokens=MAX_TOKENS,
-                                                  workers=args.flood_workers) for t in tenants]
+                                                  workers=args.flood_workers * (2 if SHARES[t] > 1 else 1))
+                         for t in tenants]
                 floods = []
             else:
                 procs = []
