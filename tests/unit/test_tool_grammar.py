@@ -138,6 +138,7 @@ def test_the_grammar_can_write_gemmas_special_tokens_whole(gemma_tokenizer) -> N
     assert gemma_tokenizer.convert_tokens_to_ids("<eos>") in allowed  # no empty answer
 
 
+@pytest.mark.timing
 def test_a_string_argument_keeps_the_token_mask_precomputed(gemma_tokenizer) -> None:  # type: ignore[no-untyped-def]
     """Inside a free string xgrammar must not check the vocabulary token by token at each step:
     with repeats in the string rule (`"|"+`) a mask took 0.1-0.5 s on the full 262k vocabulary
