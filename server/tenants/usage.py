@@ -41,17 +41,12 @@ SHOWN = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_toke
 """A row's numbers as /admin/usage and `llm-gateway usage` show them."""
 ADDED_COLUMNS = ("queued", "queue_ms")
 """Columns newer than the first usage files: added to an older file when it is opened."""
-UPSERT = """
-INSERT INTO usage (tenant, day, requests, errors, prompt_tokens, completion_tokens, queued, queue_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (tenant, day) DO UPDATE SET
-    requests = requests + excluded.requests,
-    errors = errors + excluded.errors,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    queued = queued + excluded.queued,
-    queue_ms = queue_ms + excluded.queue_ms
-"""
+# One statement for every count: a count added to COUNTS (and SCHEMA) is written with the rest.
+UPSERT = (
+    f"INSERT INTO usage (tenant, day, {', '.join(COUNTS)}) VALUES ({', '.join('?' * (len(COUNTS) + 2))})\n"
+    "ON CONFLICT (tenant, day) DO UPDATE SET\n    "
+    + ",\n    ".join(f"{name} = {name} + excluded.{name}" for name in COUNTS) + "\n"
+)
 
 
 @dataclass
