@@ -52,7 +52,8 @@ def summarise(trace_dir: Path, tokens: int, top: int = 12) -> dict:
         busy = _union_us(intervals)
         by_name: dict[str, float] = {}
         for e in gpu:
-            by_name[e.get("name", "?")[:120]] = by_name.get(e.get("name", "?")[:120], 0.0) + float(e["dur"])
+            name = e.get("name", "?")[:120]
+            by_name[name] = by_name.get(name, 0.0) + float(e["dur"])
         launches = sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
         summary = {
             "trace": path.name,
