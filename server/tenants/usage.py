@@ -23,6 +23,7 @@ from typing import Any
 logger = logging.getLogger("llm_gateway.tenants")
 
 COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "queued", "queue_ms")
+COUNT_INDEX = {name: i for i, name in enumerate(COUNTS)}  # record() adds by name, not position
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -145,14 +146,13 @@ class UsageStore:
                queue_s: float | None = None) -> None:
         """One generation request of `tenant`, answered now; `queue_s`: how long it waited for
         a place in a full engine (None: it did not wait)."""
-        counts = self._pending.setdefault((tenant, day_of(self.clock())), [0] * len(COUNTS))
-        counts[0] += 1
-        counts[1] += error
-        counts[2] += prompt_tokens
-        counts[3] += completion_tokens
+        add = {"requests": 1, "errors": int(error), "prompt_tokens": prompt_tokens,
+               "completion_tokens": completion_tokens}
         if queue_s is not None:
-            counts[4] += 1
-            counts[5] += round(queue_s * 1000)
+            add |= {"queued": 1, "queue_ms": round(queue_s * 1000)}
+        counts = self._pending.setdefault((tenant, day_of(self.clock())), [0] * len(COUNTS))
+        for name, value in add.items():
+            counts[COUNT_INDEX[name]] += value
 
     def _write(self, batch: dict[tuple[str, str], list[int]]) -> None:
         with self._db_lock:
