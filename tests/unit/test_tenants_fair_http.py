@@ -10,16 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from server.app import build_app
-from server.lifecycle.holder import EngineHolder
-from server.metrics import GatewayMetrics
 from server.settings import EngineProfile, Settings
-from server.tenants.service import Tenancy
 from testbed.fakes import FakeEngine
-from tests.unit.test_metrics import get, snapshot
-from tests.unit.test_tenants_http import ADMIN, assert_error, bearer
+from tests.unit.test_metrics import get
+from tests.unit.test_tenants_http import ADMIN, Gateway_, assert_error
 
 KEYS = """
 keys:
@@ -35,57 +30,42 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class FairGateway:
+class FairGateway(Gateway_):
+    """`Gateway_` on an engine of SEQS places whose scripted tokens take 20 ms, recording the most
+    requests it ever ran at once."""
+
     def __init__(self, tmp_path: Path, *, fair_share: bool = True, limits: dict[str, Any] | None = None) -> None:
         keys = tmp_path / "keys.yaml"
         keys.write_text(KEYS)
-        self.settings = Settings(
+        settings = Settings(
             engine=EngineProfile(device="cpu", kv_cache_memory_bytes=1, served_model_name="fake",
                                  load_format="dummy", max_num_seqs=SEQS),
             auth={"keys_file": keys, "usage_db": tmp_path / "usage.sqlite3", "fair_share": fair_share,
                   "admin_keys": ["sk-admin"]},
             limits=limits or {}, server={"state_dir": tmp_path / "state"})
-        self.engine = FakeEngine(delay_s=0.02)
+        engine = FakeEngine(delay_s=0.02)
         self.most_running = 0
-        generate = self.engine.generate
+        generate = engine.generate
 
         async def watched(request_id: str, ids: list[int], sampling: Any) -> Any:
             async for out in generate(request_id, ids, sampling):
-                self.most_running = max(self.most_running, self.engine.running)
+                self.most_running = max(self.most_running, engine.running)
                 yield out
 
-        self.engine.generate = watched  # type: ignore[method-assign]
+        engine.generate = watched  # type: ignore[method-assign]
+        super().__init__(tmp_path, settings=settings, engine=engine)
 
-        async def factory(_: Settings) -> FakeEngine:
-            return self.engine
-
-        self.holder = EngineHolder(self.settings, factory)
-        self.metrics = GatewayMetrics(CollectorRegistry())
-        self.tenancy = Tenancy(self.settings)
-        app = build_app(self.settings, self.holder, self.metrics, self.tenancy)
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test", timeout=30)
-
-    async def __aenter__(self) -> FairGateway:
-        await self.holder.start()
-        await self.tenancy.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.tenancy.stop()
-        await self.client.aclose()
-
-    async def complete(self, key: str, max_tokens: int, **body: Any) -> httpx.Response:
-        return await self.client.post("/v1/completions", headers=bearer(key),
-                                      json={"model": "fake", "prompt": "a b c", "max_tokens": max_tokens, **body})
+    async def ask(self, key: str, max_tokens: int, **body: Any) -> httpx.Response:
+        return await self.complete(key, prompt="a b c", max_tokens=max_tokens, **body)
 
 
 async def flood_then_light(gw: FairGateway) -> tuple[int, list[httpx.Response]]:
     """Heavy sends 10 long requests at once; light then sends one short one. How many of heavy's
     were still unfinished when light's came back."""
-    heavy = [asyncio.ensure_future(gw.complete("sk-heavy", 20)) for _ in range(10)]
+    heavy = [asyncio.ensure_future(gw.ask("sk-heavy", 20)) for _ in range(10)]
     while gw.engine.running < SEQS:
         await asyncio.sleep(0.005)
-    light = await gw.complete("sk-light", 2)
+    light = await gw.ask("sk-light", 2)
     assert light.status_code == 200, light.text
     behind = sum(not task.done() for task in heavy)
     return behind, [await task for task in heavy]
@@ -98,7 +78,7 @@ async def test_the_light_tenant_gets_the_next_place_and_the_engine_never_overfil
         assert all(r.status_code == 200 for r in heavy)
         assert behind >= 7, behind  # light went past heavy's queue: only the running ones ended before
         assert gw.most_running <= SEQS
-        metrics = snapshot(gw.metrics)
+        metrics = gw.metrics()
         assert get(metrics, "gateway_tenant_queue_seconds_count", tenant="heavy") == 10
         assert get(metrics, "gateway_tenant_queue_seconds_sum", tenant="heavy") > 0.3
         assert get(metrics, "gateway_tenant_queue_seconds_count", tenant="light") == 1
@@ -127,29 +107,29 @@ async def test_off_every_request_goes_to_the_engine_at_once(tmp_path: Path) -> N
 async def test_a_wait_past_the_first_token_timeout_is_a_504_that_charges_nothing(tmp_path: Path) -> None:
     async with FairGateway(tmp_path, limits={"first_token_timeout_s": 0.2}) as gw:
         # Streamed: their first token comes at once (the scripted engine sends a whole answer at its end).
-        running = [asyncio.ensure_future(gw.complete("sk-heavy", 40, stream=True)) for _ in range(SEQS)]
+        running = [asyncio.ensure_future(gw.ask("sk-heavy", 40, stream=True)) for _ in range(SEQS)]
         while gw.engine.running < SEQS:
             await asyncio.sleep(0.005)
-        r = await gw.complete("sk-counted", 5)
+        r = await gw.ask("sk-counted", 5)
         error = assert_error(r, 504, 504)
         assert "no place in the engine within 0.2 s" in error["message"]
-        streamed = await gw.complete("sk-counted", 5, stream=True)  # refused before any byte, as JSON
+        streamed = await gw.ask("sk-counted", 5, stream=True)  # refused before any byte, as JSON
         assert streamed.status_code == 504 and streamed.json()["error"]["message"] == error["message"]
         assert [(await t).status_code for t in running] == [200] * SEQS
-        assert get(snapshot(gw.metrics), "gateway_tenant_tokens_total", tenant="counted", kind="prompt") == 0
-        ok = await gw.complete("sk-counted", 5)  # the engine is free again: served at once
+        assert get(gw.metrics(), "gateway_tenant_tokens_total", tenant="counted", kind="prompt") == 0
+        ok = await gw.ask("sk-counted", 5)  # the engine is free again: served at once
         assert ok.status_code == 200
         # The budget holds only the served request: the two that waited too long gave theirs back.
-        assert get(snapshot(gw.metrics), "gateway_tenant_budget_used_tokens", tenant="counted") == 8
+        assert get(gw.metrics(), "gateway_tenant_budget_used_tokens", tenant="counted") == 8
 
 
 @pytest.mark.anyio
 async def test_a_client_gone_while_waiting_gives_its_place_up(tmp_path: Path) -> None:
     async with FairGateway(tmp_path) as gw:
-        running = [asyncio.ensure_future(gw.complete("sk-heavy", 30)) for _ in range(SEQS)]
+        running = [asyncio.ensure_future(gw.ask("sk-heavy", 30)) for _ in range(SEQS)]
         while gw.engine.running < SEQS:
             await asyncio.sleep(0.005)
-        waiting = asyncio.ensure_future(gw.complete("sk-light", 5))
+        waiting = asyncio.ensure_future(gw.ask("sk-light", 5))
         fair = gw.tenancy.fair
         assert fair is not None
         while fair.waiting("light") == 0:
@@ -159,4 +139,4 @@ async def test_a_client_gone_while_waiting_gives_its_place_up(tmp_path: Path) ->
             await asyncio.sleep(0.005)
         assert [(await t).status_code for t in running] == [200] * SEQS
         assert fair.in_use == 0
-        assert (await gw.complete("sk-light", 2)).status_code == 200
+        assert (await gw.ask("sk-light", 2)).status_code == 200

@@ -64,12 +64,14 @@ def settings_for(tmp_path: Path, keys: str | None, **auth: Any) -> Settings:
 
 
 class Gateway_:
-    """build_app on a scripted engine (context 64 tokens), with a keys file and a usage store."""
+    """build_app on a scripted engine (context 64 tokens), with a keys file and a usage store; a
+    test may bring its own settings and engine."""
 
-    def __init__(self, tmp_path: Path, keys: str | None = KEYS, **auth: Any) -> None:
+    def __init__(self, tmp_path: Path, keys: str | None = KEYS, *, settings: Settings | None = None,
+                 engine: FakeEngine | None = None, **auth: Any) -> None:
         self.keys_path = tmp_path / "keys.yaml"
-        self.settings = settings_for(tmp_path, keys, **auth)
-        self.engine = FakeEngine()
+        self.settings = settings if settings is not None else settings_for(tmp_path, keys, **auth)
+        self.engine = engine if engine is not None else FakeEngine()
 
         async def factory(_: Settings) -> FakeEngine:
             return self.engine
@@ -78,7 +80,8 @@ class Gateway_:
         self.gateway_metrics = GatewayMetrics(CollectorRegistry())
         self.tenancy = Tenancy(self.settings)
         self.app = build_app(self.settings, self.holder, self.gateway_metrics, self.tenancy)
-        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test")
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test",
+                                        timeout=30)
 
     async def __aenter__(self) -> Gateway_:
         await self.holder.start()
