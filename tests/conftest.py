@@ -250,16 +250,12 @@ def gateway(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml."""
+def launch_vllm_reference(model_dir: Path, tmp: Path) -> ServerProcess:
+    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml,
+    started (not yet ready) with its cache, sockets and temp files under `tmp`."""
     import yaml
 
-    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
-        yield _Running(url)  # type: ignore[misc]
-        return
     profile = yaml.safe_load(CONFIG.read_text())["engine"]
-    tmp = tmp_path_factory.mktemp("vllm-reference")
     for sub in ("cache", "run", "tmp"):
         (tmp / sub).mkdir()
     seed_vllm_cache(tmp / "cache")
@@ -298,7 +294,58 @@ def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         cmd.append("--no-enable-prefix-caching")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, env=env)
-    server = ServerProcess(proc, port, log_path)
+    return ServerProcess(proc, port, log_path)
+
+
+@dataclass
+class _EarlyReference:
+    """The reference server, launched when the first integration test starts if a parity test
+    will need it, so its start (the longest of the session's: ~45 s on vLLM 0.26 here) overlaps
+    the tests before the parity modules instead of adding to them. Not during tests/e2e, which
+    already runs up to four engines at once (about 4 GB each)."""
+
+    wanted: bool = False
+    server: ServerProcess | None = None
+    tmp: Path | None = None
+
+
+_early_reference = _EarlyReference()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _early_reference.wanted = not os.environ.get("LLM_GATEWAY_TEST_VLLM_URL") and any(
+        "vllm_reference" in getattr(item, "fixturenames", ()) for item in session.items)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    early = _early_reference
+    if early.wanted and early.server is None and item.nodeid.startswith("tests/integration/") \
+            and MODEL_DIR.joinpath("config.json").is_file():
+        early.tmp = item.config._tmp_path_factory.mktemp("vllm-reference")  # type: ignore[attr-defined]
+        early.server = launch_vllm_reference(MODEL_DIR, early.tmp)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    server = _early_reference.server  # launched, but no test took it (a failed session)
+    if server is not None and server.proc.poll() is None:
+        kill_tree(server.proc.pid)
+        server.proc.wait(30)
+
+
+@pytest.fixture(scope="session")
+def vllm_reference(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """vLLM's own OpenAI server on the same model and engine settings as configs/embedded-cpu.yaml
+    (launched early, see `_EarlyReference`)."""
+    if url := os.environ.get("LLM_GATEWAY_TEST_VLLM_URL"):
+        yield _Running(url)  # type: ignore[misc]
+        return
+    early = _early_reference
+    if early.server is not None and early.tmp is not None:
+        server, tmp = early.server, early.tmp
+    else:
+        tmp = tmp_path_factory.mktemp("vllm-reference")
+        server = launch_vllm_reference(model_dir, tmp)
+    early.server = None
     wait_ready(server, path="/health")
     yield server
     server.stop()
