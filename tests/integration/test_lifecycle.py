@@ -11,17 +11,26 @@ import tempfile
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.conftest import MODEL_DIR, ROOT, descendants, seed_vllm_cache, start_gateway, wait_for_engine_core
+from tests.conftest import (
+    MODEL_DIR,
+    ROOT,
+    ServerProcess,
+    descendants,
+    seed_vllm_cache,
+    start_gateway,
+    wait_for_engine_core,
+    wait_ready,
+)
 
 
-@pytest.fixture
-def private_state(model_dir: Path) -> Iterator[Path]:
+def new_private_state() -> Path:
     """A state dir of its own (so leftovers are attributable), sharing the prepared model.
 
     Short on purpose: engine socket paths must fit in 107 bytes.
@@ -30,20 +39,55 @@ def private_state(model_dir: Path) -> Iterator[Path]:
     (state / "models").mkdir(parents=True)
     (state / "models" / "smollm2-135m-instruct").symlink_to(MODEL_DIR)
     seed_vllm_cache(state / "cache" / "vllm")
+    return state
+
+
+@pytest.fixture
+def private_state(model_dir: Path) -> Iterator[Path]:
+    state = new_private_state()
     yield state
     shutil.rmtree(state, ignore_errors=True)
 
 
-def test_layers_shutdown_and_no_leftovers(tmp_path: Path, private_state: Path) -> None:
+@dataclass
+class Launched:
+    server: ServerProcess  # launched, maybe not ready yet: the test waits for it
+    state: Path  # its private state dir
+
+
+@pytest.fixture(scope="module")
+def launched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Launched]]:
+    """The gateways of the two shutdown tests below, launched together (two engine starts at once
+    take little longer than one on 2 cores): `layers` as `llm-gateway serve` without --config and
+    with CLI and environment overrides, `ctrl-c` leading its own process group as a shell job."""
+    tmp = tmp_path_factory.mktemp("lifecycle")
+    states = {name: new_private_state() for name in ("layers", "ctrl-c")}
+    servers: dict[str, ServerProcess] = {}
+    try:
+        (tmp / "layers").mkdir()
+        servers["layers"] = start_gateway(
+            tmp / "layers", config=None, wait=False,
+            extra_args=["--state-dir", str(states["layers"]), "--served-model-name", "from-cli"],
+            env={"LLM_GATEWAY_ENGINE__SERVED_MODEL_NAME": "from-env", "LLM_GATEWAY_ENGINE__MAX_MODEL_LEN": "1024"},
+        )
+        (tmp / "ctrl-c").mkdir()
+        servers["ctrl-c"] = start_gateway(tmp / "ctrl-c", extra_args=["--state-dir", str(states["ctrl-c"])],
+                                          own_process_group=True, wait=False)
+        yield {name: Launched(server, states[name]) for name, server in servers.items()}
+    finally:
+        for server in servers.values():
+            if server.proc.poll() is None:
+                server.stop()
+        for state in states.values():
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def test_layers_shutdown_and_no_leftovers(launched: dict[str, Launched]) -> None:
     """Also `llm-gateway serve` without --config: on a machine without a GPU that is the embedded
     CPU profile (as `make serve`), whose max_model_len 4096 the environment then overrides."""
-    server = start_gateway(
-        tmp_path,
-        config=None,
-        extra_args=["--state-dir", str(private_state), "--served-model-name", "from-cli"],
-        env={"LLM_GATEWAY_ENGINE__SERVED_MODEL_NAME": "from-env", "LLM_GATEWAY_ENGINE__MAX_MODEL_LEN": "1024"},
-    )
+    server, private_state = launched["layers"].server, launched["layers"].state
     try:
+        wait_ready(server)
         models = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
         assert models[0]["id"] == "from-cli"  # CLI beats env
         assert models[0]["max_model_len"] == 1024  # env beats the file's 4096
@@ -86,14 +130,15 @@ def error_lines(log: str) -> list[str]:
     return re.findall(r"^.*(?:\bERROR\b|Traceback).*$", log, re.MULTILINE)
 
 
-def test_ctrl_c_stops_the_gateway_then_its_engine_cleanly(tmp_path: Path, private_state: Path) -> None:
+def test_ctrl_c_stops_the_gateway_then_its_engine_cleanly(launched: dict[str, Launched]) -> None:
     """Ctrl-C in a terminal signals the whole foreground process group. It used to reach vLLM's
     engine processes too, which then stopped on their own before the gateway stopped them, with
     an error and a traceback (at every Ctrl-C of `make serve` from the output handler; on vLLM
     0.26 also from the engine core when its worker exited first). The engine processes now lead
     their own process group: the stop is the gateway's ordered one, with no error line."""
-    server = start_gateway(tmp_path, extra_args=["--state-dir", str(private_state)], own_process_group=True)
+    server = launched["ctrl-c"].server
     try:
+        wait_ready(server)
         r = httpx.post(server.base_url + "/v1/completions", timeout=60, json={"prompt": "Hi", "max_tokens": 8})
         assert r.status_code == 200
         children = descendants(server.proc.pid)
