@@ -12,6 +12,7 @@ import pytest
 
 from server.engine import SamplingOptions
 from testbed.fakes import FakeEngine, FakeReasoningParser
+from testbed.tool_deltas import merged_calls
 from tests.unit.test_tools_fake import ASK, WEATHER, started
 
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -70,9 +71,9 @@ async def test_a_call_opener_split_across_deltas_is_not_leaked() -> None:
     deltas = await stream(client, {"tools": [WEATHER]})
     assert contents(deltas) == ["Sure", ", checking. "]
     assert not any("<" in c for c in contents(deltas))
-    [call] = [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    [call] = merged_calls(deltas)
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
     assert deltas[-1]["finish_reason"] == "tool_calls"
     plain = (await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})).json()
     assert plain["choices"][0]["message"]["content"] == "".join(contents(deltas))
@@ -142,8 +143,7 @@ async def test_reasoning_with_tools_reads_calls_from_the_content_only() -> None:
     deltas = await stream(client, {"tools": [WEATHER]})
     assert "".join(d["delta"].get("reasoning") or "" for d in deltas) == "Look it up; a <tool_call> is needed."
     assert contents(deltas) == ["Checking. "]
-    assert [d["delta"]["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d["delta"]] \
-        == ["get_weather"]
+    assert [c["name"] for c in merged_calls(deltas)] == ["get_weather"]
     assert deltas[-1]["finish_reason"] == "tool_calls"
 
 
