@@ -15,8 +15,9 @@ A prefix is only ever built from what the finished parse will serialise the same
   coerces a string to the schema's type (`"42"` may become `42`), so its open string streams
   only where the schema leaves the value a string;
 - anything else (numbers, literals, nested objects and arrays, an escape or a surrogate pair
-  cut in two) waits until its member completes; the object's close and the rest go when the
-  choice finishes, from the finished parse.
+  cut in two) waits until its member completes; the object's close waits until the call's own
+  syntax closes (hermes: its JSON object; gemma4: `}<tool_call|>`), so that a call is whole
+  before the next one begins. What is left goes when the choice finishes, from the finished parse.
 
 Probes run once per member, so a call costs a few parses of its own text. A call whose text
 breaks the syntax (a raw control character in a JSON string, arguments that are not an object,
@@ -68,6 +69,7 @@ class _Scan:
     value_content: int | None = None  # ... and its first character
     value_end: int | None = None  # ... and its closing quote, once written
     args_end: int | None = None  # the arguments' closing `}`
+    closed: bool = False  # the call is written whole: the probe of all its members is its arguments
     dead: bool = False  # nothing more streams for this call
 
 
@@ -113,6 +115,8 @@ class _HermesScan(_Scan):
                 self.depth -= 1
                 if self.args_start is not None and self.args_end is None and self.depth == 1:
                     self.args_end = i
+                elif self.args_end is not None and self.depth == 0:
+                    self.closed = True
             elif c == ":":
                 if self.depth == 1:
                     self.key, self.awaiting = self.last_key, 1
@@ -181,6 +185,9 @@ class _GemmaScan(_Scan):
                 self.dead = True
                 return
             self.args_start = self.pos = brace + 1
+        if self.args_end is not None:
+            self.closed = text[self.args_end + 1:].lstrip().startswith("<tool_call|>")
+            return
         while self.pos < len(text) and not self.dead and self.args_end is None:
             i = self.pos
             if text.startswith("<", i) and len(text) - i < len(GEMMA_DELIM) and GEMMA_DELIM.startswith(text[i:]):
@@ -206,6 +213,7 @@ class _GemmaScan(_Scan):
                 if self.depth == 0:
                     if c == "}":
                         self.args_end = i
+                        self.advance()
                     else:
                         self.dead = True
                     return
@@ -263,6 +271,7 @@ class _Call:
         self.scan = scan
         self.probed_members: int | None = None  # last_comma (or -1) of the members probe
         self.members = ""  # that probe's prefix
+        self.whole = ""  # that probe's arguments
         self.name: str | None = None
         self.probed_value: int | None = None  # value_start of the open-member probe
         self.value_head: str | None = None  # its prefix, up to the open string's quote
@@ -315,9 +324,12 @@ class CallPrefixes:
                     return None
                 scan.dead = True  # the probe disagrees with the scan: the finished parse decides
             else:
-                call.probed_members, call.name, call.members = members_end, found.name, found.arguments[:-1]
+                call.probed_members, call.name = members_end, found.name
+                call.members, call.whole = found.arguments[:-1], found.arguments
         if call.name is None:
             return None
+        if scan.closed and not scan.dead and call.probed_members == scan.args_end:
+            return PartialCall(call.name, call.whole)  # the next call may begin: this one is done
         arguments = call.members
         value = scan.open_value() if not scan.dead and scan.args_end is None else None  # type: ignore[attr-defined]
         if value is not None and scan.value_start is not None:
