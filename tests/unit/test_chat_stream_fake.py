@@ -157,3 +157,27 @@ async def test_all_reasoning_has_null_content_and_no_parser_has_null_reasoning()
     assert message["reasoning"] is None and message["content"] == "<think>not parsed</think>"
     deltas = await stream(client, {})
     assert not any("reasoning" in d["delta"] for d in deltas)
+
+
+TWO_CALLS = ('Checking both. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris \\"Île\\" 東京", '
+             '"days": 3}}</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+
+
+def cut(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("size", [1, 3, 10])
+async def test_call_arguments_stream_in_pieces_that_make_the_parsed_arguments(size: int) -> None:
+    client = await started(scripted(cut(TWO_CALLS, size)))
+    plain = (await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})).json()
+    parsed = plain["choices"][0]["message"]["tool_calls"]
+    deltas = await stream(client, {"tools": [WEATHER]})
+    calls = merged_calls(deltas)
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (p["function"]["name"], p["function"]["arguments"]) for p in parsed]
+    assert calls[0]["pieces"] > 2  # as written, not whole at the end
+    first_call = next(i for i, d in enumerate(deltas) if "tool_calls" in d["delta"])
+    assert first_call < len(deltas) - 3 and deltas[-1]["finish_reason"] == "tool_calls"
+    assert "".join(contents(deltas)) == "Checking both. "
