@@ -21,7 +21,9 @@ more.
 
 A choice is held whole when there is no fixed opener (the parser has none) or when the output
 is JSON (`required` and a named function forced into the tools' schema, without a parser that
-reads them from the model's own syntax); calls go whole at the finish when the parser has no
+reads them from the model's own syntax). A named function's JSON is its call's arguments as
+written, so it streams as it comes (from its first character that is not whitespace); the
+`required` array's calls go whole at the finish, as do the calls of a parser without a
 `call_prefixes` reader.
 """
 
@@ -101,6 +103,9 @@ class ToolCallStream:
         self.reader: CallPrefixReader | None = None
         if self.marker is not None and plan.reads_own_syntax and plan.parser is not None:
             self.reader = plan.parser.call_prefixes()
+        # A named function forced into its JSON schema: the arguments are the output as written
+        # (`read_tool_calls`), so each delta of it is more of them.
+        self.raw_named = plan.mode == "named" and not plan.reads_own_syntax and plan.function_name is not None
         self.streamed: list[_Streamed] = []
         self.mismatches: list[str] = []
 
@@ -117,7 +122,23 @@ class ToolCallStream:
         log.warning("streamed tool call disagrees with the finished parse: %s", what)
         self.mismatches.append(what)
 
+    def _raw_named_pieces(self) -> list[CallPiece]:
+        if not self.streamed:
+            if not self.text.strip():  # no call until the output holds more than whitespace
+                return []
+            assert self.plan.function_name is not None
+            self.streamed.append(_Streamed(new_tool_call_id(), self.plan.function_name, self.text))
+            return [CallPiece(0, self.text, self.streamed[0].id, self.plan.function_name)]
+        streamed = self.streamed[0]
+        if len(self.text) == len(streamed.sent):
+            return []
+        piece = CallPiece(0, self.text[len(streamed.sent):])
+        streamed.sent = self.text
+        return [piece]
+
     def _call_pieces(self) -> list[CallPiece]:
+        if self.raw_named:
+            return self._raw_named_pieces()
         if self.reader is None or self.opener is None:
             return []
         pieces = []

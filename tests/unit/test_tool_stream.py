@@ -167,3 +167,15 @@ def test_tool_choice_none_streams_no_calls(gemma_tokenizer: Any) -> None:
     stream = ToolCallStream(p)
     release = stream.feed("Hi. " + gemma_call("write", f"text:{D}x{D}"))
     assert release.calls == [] and stream.finish("stop").pieces == []
+
+
+def test_a_named_function_forced_into_json_streams_its_arguments_as_written(hermes_tokenizer: Any) -> None:
+    p = plan("hermes", hermes_tokenizer, mode="write")
+    p.parser.forced_by_schema = True  # type: ignore[union-attr]  # the CPU profile's JSON-schema path
+    assert not p.reads_own_syntax
+    text = '\n{"path": "a/b", "text": "as written, \\u00e9 kept"}'
+    for step in (1, 3, 8):
+        got = run(p, text, step)
+        assert [(c["name"], c["arguments"]) for c in got["calls"]] == [("write", text)]
+        assert got["growth"][0] > 2 and got["content"] == "" and got["finish"] == "stop"
+    assert run(p, "  ", 1)["calls"] == []  # whitespace alone: no call, as the parse says
