@@ -23,3 +23,57 @@ def merged_calls(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
             calls[index]["arguments"] += function.get("arguments") or ""
             calls[index]["pieces"] += 1
     return calls
+
+
+def streamed_choices(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per choice index of a chat stream's chunks (dicts): its content, its calls (`merged_calls`)
+    and its finish reason."""
+    deltas: dict[int, list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            deltas.setdefault(choice["index"], []).append(choice)
+    out = {}
+    for index, choice_deltas in deltas.items():
+        out[index] = {"content": "".join(d["delta"].get("content") or "" for d in choice_deltas),
+                      "calls": merged_calls(choice_deltas),
+                      "finish_reason": next((d["finish_reason"] for d in choice_deltas if d.get("finish_reason")), None)}
+    return out
+
+
+def sdk_chat_calls(stream: Any) -> tuple[list[dict[str, Any]], str | None]:
+    """The calls and finish reason of an OpenAI SDK chat stream (choice 0)."""
+    deltas, finish = [], None
+    for chunk in stream:
+        for choice in chunk.choices:
+            deltas.append({"delta": choice.delta.model_dump(exclude_none=True)})
+            finish = choice.finish_reason or finish
+    return merged_calls(deltas), finish
+
+
+def sdk_response_calls(stream: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The function calls of an OpenAI SDK responses stream: per call item, in output order, its
+    name, the arguments its deltas make and how many deltas; and the final response."""
+    calls: dict[str, dict[str, Any]] = {}
+    for event in stream:
+        if event.type == "response.output_item.added" and event.item.type == "function_call":
+            assert event.item.arguments == "", event
+            calls[event.item.id] = {"name": event.item.name, "arguments": "", "pieces": 0}
+        elif event.type == "response.function_call_arguments.delta":
+            calls[event.item_id]["arguments"] += event.delta
+            calls[event.item_id]["pieces"] += 1
+        elif event.type == "response.function_call_arguments.done":
+            assert event.arguments == calls[event.item_id]["arguments"], event
+    return list(calls.values()), stream.get_final_response()
+
+
+def sdk_message_uses(stream: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The tool_use blocks of an anthropic SDK `messages.stream()`: per block, its name, the JSON
+    its `input_json_delta`s make and how many; and the final message."""
+    uses: dict[int, dict[str, Any]] = {}
+    for event in stream:
+        if event.type == "content_block_start" and event.content_block.type == "tool_use":
+            uses[event.index] = {"name": event.content_block.name, "arguments": "", "pieces": 0}
+        elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+            uses[event.index]["arguments"] += event.delta.partial_json
+            uses[event.index]["pieces"] += 1
+    return [uses[i] for i in sorted(uses)], stream.get_final_message()
