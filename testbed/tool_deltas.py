@@ -36,7 +36,8 @@ def streamed_choices(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     for index, choice_deltas in deltas.items():
         out[index] = {"content": "".join(d["delta"].get("content") or "" for d in choice_deltas),
                       "calls": merged_calls(choice_deltas),
-                      "finish_reason": next((d["finish_reason"] for d in choice_deltas if d.get("finish_reason")), None)}
+                      "finish_reason": next(
+                          (d["finish_reason"] for d in choice_deltas if d.get("finish_reason")), None)}
     return out
 
 

@@ -141,9 +141,11 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
     assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
 
     claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0)
-    mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=60, messages=ask, temperature=0, tools=[{
-        "name": "get_weather", "description": WEATHER["function"]["description"],
-        "input_schema": WEATHER["function"]["parameters"]}], tool_choice={"type": "tool", "name": "get_weather"})
+    mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=60, messages=ask, extra_body={"temperature": 0},
+                                   tools=[{
+                                       "name": "get_weather", "description": WEATHER["function"]["description"],
+                                       "input_schema": WEATHER["function"]["parameters"]}],
+                                   tool_choice={"type": "tool", "name": "get_weather"})
     plain_uses = [b for b in claude.messages.create(**mkwargs).content if b.type == "tool_use"]
     with claude.messages.stream(**mkwargs) as mstream:
         uses, message = sdk_message_uses(mstream)

@@ -196,7 +196,7 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
     assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
 
     mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=160, messages=ASK, tools=ANTHROPIC_TOOLS,
-                                   tool_choice={"type": "tool", "name": "get_forecast"}, temperature=0)
+                                   tool_choice={"type": "tool", "name": "get_forecast"}, extra_body={"temperature": 0})
     plain_uses = [b for b in claude.messages.create(**mkwargs).content if b.type == "tool_use"]
     with claude.messages.stream(**mkwargs) as mstream:
         uses, message = sdk_message_uses(mstream)

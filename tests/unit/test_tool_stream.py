@@ -141,7 +141,8 @@ def test_a_hermes_call_cut_by_length_stays_the_cut_call(hermes_tokenizer: Any) -
     # The parse finds no call; what streamed is the call as far as it went, not text as well.
     assert got["parsed"] == [] and got["finish"] == "length" and got["mismatches"] == []
     assert got["content"] == "Sure. "
-    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [("write", '{"path": "p", "text": "a long text cut off')]
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        ("write", '{"path": "p", "text": "a long text cut off')]
 
 
 def test_a_gemma4_call_cut_by_length_gets_the_parsed_rest(gemma_tokenizer: Any) -> None:
