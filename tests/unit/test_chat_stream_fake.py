@@ -178,6 +178,8 @@ async def test_call_arguments_stream_in_pieces_that_make_the_parsed_arguments(si
     assert [(c["name"], c["arguments"]) for c in calls] == [
         (p["function"]["name"], p["function"]["arguments"]) for p in parsed]
     assert calls[0]["pieces"] > 2  # as written, not whole at the end
+    later = [t for d in deltas for t in d["delta"].get("tool_calls") or [] if "id" not in t]
+    assert later and all(set(t) == {"index", "function"} and set(t["function"]) == {"arguments"} for t in later)
     first_call = next(i for i, d in enumerate(deltas) if "tool_calls" in d["delta"])
     assert first_call < len(deltas) - 3 and deltas[-1]["finish_reason"] == "tool_calls"
     assert "".join(contents(deltas)) == "Checking both. "
