@@ -96,7 +96,8 @@ def test_same_tool_calls_as_vllm(case: dict[str, Any], gateway: ServerProcess, v
         check_streamed_arguments(gateway, case["body"], ours)
 
 
-STREAMED: list[tuple[str, int]] = []  # (arguments, pieces) of each call streamed over the data
+# (tool_choice, arguments, pieces) of each call streamed over the data
+STREAMED: list[tuple[str, str, int]] = []
 
 
 def check_streamed_arguments(gateway: ServerProcess, body: dict[str, Any], answer: Any) -> None:
@@ -115,12 +116,16 @@ def check_streamed_arguments(gateway: ServerProcess, body: dict[str, Any], answe
             (t["function"]["name"], t["function"]["arguments"]) for t in choice["message"].get("tool_calls") or []]
         assert got["finish_reason"] == choice["finish_reason"]
         assert got["content"].strip() == (choice["message"]["content"] or "").strip()
-        STREAMED.extend((c["arguments"], c["pieces"]) for c in got["calls"])
+        choice_name = body.get("tool_choice") if isinstance(body.get("tool_choice"), str) else "named"
+        STREAMED.extend((choice_name or "auto", c["arguments"], c["pieces"]) for c in got["calls"])
 
 
 def test_streamed_calls_came_in_pieces() -> None:
-    """(After the cases above.) A call longer than a few tokens arrived as it was written."""
-    long_calls = [(a, n) for a, n in STREAMED if len(a) > 12]
+    """(After the cases above.) A call longer than a few tokens arrived as it was written: a named
+    function's JSON (the CPU profile forces it into the schema) and hermes calls under `auto`
+    (SmolLM2 writes none on this data: tests/integration/test_tool_choice_gemma4.py streams the
+    model's own syntax on the engine). `required`'s JSON array goes whole when the choice ends."""
+    long_calls = [(c, a, n) for c, a, n in STREAMED if len(a) > 12 and c != "required"]
     if not long_calls:
         pytest.skip("no case streamed a call (run with the cases above)")
-    assert all(n > 1 for _, n in long_calls), long_calls
+    assert all(n > 1 for _, _, n in long_calls), long_calls
