@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from testbed.tool_deltas import sdk_chat_calls, sdk_message_uses, sdk_response_calls
+from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
 from tests.conftest import SERVED_NAME, ServerProcess
 
 WEATHER = {"type": "function", "function": {
@@ -151,3 +151,4 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
         uses, message = sdk_message_uses(mstream)
     assert [(u["name"], json.loads(u["arguments"])) for u in uses] == [(b.name, b.input) for b in plain_uses]
     assert uses and uses[0]["pieces"] > 1 and message.stop_reason == "tool_use"
+    assert no_mismatch_logged(gateway)

@@ -20,7 +20,7 @@ import anthropic
 import openai
 import pytest
 
-from testbed.tool_deltas import sdk_chat_calls, sdk_message_uses, sdk_response_calls
+from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
 from tests.conftest import SERVED_NAME, ServerProcess, start_gateway
 
 TRIES = 5
@@ -171,8 +171,8 @@ def test_anthropic_any_and_tool_return_a_call_every_time(claude: anthropic.Anthr
             check_arguments(use.name, json.dumps(use.input))
 
 
-def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.OpenAI,
-                                                                  claude: anthropic.Anthropic) -> None:
+def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.OpenAI, claude: anthropic.Anthropic,
+                                                                  gemma4_gateway: ServerProcess) -> None:
     """Gemma 4 calls, greedy: chat and /v1/responses (OpenAI SDK) and /v1/messages (anthropic SDK,
     `messages.stream()`) stream argument pieces that make the non-streamed arguments exactly, the
     call in more than one piece."""
@@ -203,6 +203,7 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
     assert [(u["name"], u["arguments"]) for u in uses] == [
         (b.name, json.dumps(b.input, ensure_ascii=False)) for b in plain_uses]
     assert uses and uses[0]["pieces"] > 1 and message.stop_reason == "tool_use"
+    assert no_mismatch_logged(gemma4_gateway)
 
 
 def test_bad_tool_choices_stay_clean_4xx(client: openai.OpenAI, claude: anthropic.Anthropic) -> None:

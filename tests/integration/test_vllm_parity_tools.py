@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from testbed.tool_deltas import streamed_choices
+from testbed.tool_deltas import no_mismatch_logged, streamed_choices
 from tests.conftest import ServerProcess
 from tests.integration.test_vllm_parity import call, error_type_as_class_name
 
@@ -120,7 +120,7 @@ def check_streamed_arguments(gateway: ServerProcess, body: dict[str, Any], answe
         STREAMED.extend((choice_name or "auto", c["arguments"], c["pieces"]) for c in got["calls"])
 
 
-def test_streamed_calls_came_in_pieces() -> None:
+def test_streamed_calls_came_in_pieces(gateway: ServerProcess) -> None:
     """(After the cases above.) A call longer than a few tokens arrived as it was written: a named
     function's JSON (the CPU profile forces it into the schema) and hermes calls under `auto`
     (SmolLM2 writes none on this data: tests/integration/test_tool_choice_gemma4.py streams the
@@ -129,3 +129,4 @@ def test_streamed_calls_came_in_pieces() -> None:
     if not long_calls:
         pytest.skip("no case streamed a call (run with the cases above)")
     assert all(n > 1 for _, _, n in long_calls), long_calls
+    assert no_mismatch_logged(gateway)
