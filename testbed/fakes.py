@@ -20,6 +20,7 @@ from server.engine import (
     TokenLogprob,
     ToolCallExtraction,
 )
+from server.engine.tool_call_prefix import CallPrefixes
 from server.errors import EngineDeadError, InvalidRequestError, ServiceUnavailableError
 
 
@@ -49,7 +50,11 @@ class FakeToolParser:
         calls = [json.loads(p) for p in parts]
         content = text[: text.index("<tool_call>")] or None
         return ToolCallExtraction(content=content, calls=[
-            ParsedToolCall("", c["name"], json.dumps(c["arguments"])) for c in calls])
+            ParsedToolCall("", c["name"], json.dumps(c["arguments"], ensure_ascii=False)) for c in calls])
+
+    def call_prefixes(self) -> CallPrefixes:
+        """Calls while they are written, read as vLLM's hermes syntax (this parser's)."""
+        return CallPrefixes("hermes", lambda text: self.extract(text).calls)
 
 
 class FakeReasoningParser:

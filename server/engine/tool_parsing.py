@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.engine import compat, tool_grammar
+from server.engine.tool_call_prefix import SCANS, CallPrefixes
 from server.engine.types import ParsedToolCall, ToolCallExtraction
 
 
@@ -81,6 +82,7 @@ class VllmToolCallParser:
         from vllm.parser import ParserManager
 
         self._request = _vllm_request(tools, tool_choice, parallel_tool_calls, response_format)
+        self._name, self._tools = name, tools
         unified_cls = ParserManager.get_parser(tool_parser_name=name, enable_auto_tools=True)
         unified = unified_cls(tokenizer, self._request.tools)
         self._parser = unified._tool_parser
@@ -133,3 +135,12 @@ class VllmToolCallParser:
         if content is not None and not content.strip():
             content = None
         return ToolCallExtraction(content=content, calls=calls)
+
+    def call_prefixes(self) -> CallPrefixes | None:
+        """The calls while they are written, for the syntaxes `tool_call_prefix` reads (hermes,
+        gemma4); their members are probed with this parser. Gemma 4's engine-based parser
+        (0.26, 0.32) coerces string values to the schema's types, hermes never does."""
+        if self._name not in SCANS:
+            return None
+        return CallPrefixes(self._name, lambda text: self.extract(text).calls, self._tools,
+                            coerces_strings=self._name == "gemma4")

@@ -98,6 +98,24 @@ class ToolCallExtraction:
     calls: list[ParsedToolCall]
 
 
+@dataclass(slots=True)
+class PartialCall:
+    """A tool call recognised while the model writes it: its name and a prefix of its arguments
+    that the finished parse's arguments are certain to begin with."""
+
+    name: str
+    arguments: str
+
+
+class CallPrefixReader(Protocol):
+    """The calls of one streamed choice so far (`ToolCallParser.call_prefixes`)."""
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        """The calls recognised in `text` (the choice's text from its first call opener on), in
+        order; the list stops at the first call not yet recognised."""
+        ...
+
+
 class ToolCallParser(Protocol):
     """One request's tool-call parser (the model's own call syntax, e.g. Hermes `<tool_call>`)."""
 
@@ -124,6 +142,11 @@ class ToolCallParser(Protocol):
     """False when the call syntax uses special tokens the text must keep."""
 
     def extract(self, text: str) -> ToolCallExtraction: ...
+
+    def call_prefixes(self) -> CallPrefixReader | None:
+        """A reader of one streamed choice's calls as they are written (None: the syntax has
+        none, its calls go whole once the choice finishes)."""
+        ...
 
 
 class ReasoningParser(Protocol):

@@ -212,9 +212,11 @@ class ChatService(GenerationService):
                 return plain.event(choice.index, delta.content, choice.finish_reason, choice.stop_reason)
             # Like OpenAI and vLLM: a delta carries only what it sets, stop_reason only at the end.
             exclude: dict[str, Any] = {
-                "delta": {k for k in ("role", "content", "reasoning", "tool_calls")
+                "delta": {k: True for k in ("role", "content", "reasoning", "tool_calls")
                           if getattr(choice.delta, k) is None}
             }
+            if delta.tool_calls and delta.tool_calls[0].id is None:  # a call's later pieces: index, arguments
+                exclude["delta"]["tool_calls"] = {"__all__": {"id": True, "type": True, "function": {"name"}}}
             if choice.finish_reason is None:
                 exclude["stop_reason"] = True
             return sse(ChatCompletionStreamResponse(

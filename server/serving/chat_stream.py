@@ -1,6 +1,9 @@
 """One streamed choice of /v1/chat/completions as OpenAI's deltas: the reasoning (when the
 profile has a reasoning parser), the content as it comes (read for tool calls when the request
-has tools, `server.serving.tool_stream`), the calls, and the finish."""
+has tools, `server.serving.tool_stream`), the calls as they are written, and the finish.
+
+A call's first delta carries its index, id, type and name (and the arguments so far, maybe ""),
+later ones its index and more arguments, as OpenAI streams them."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from server.protocol.openai import (
     ToolCallFunctionDelta,
 )
 from server.request_state import RequestStats
-from server.serving.tool_stream import ToolCallStream
+from server.serving.tool_stream import CallPiece, ToolCallStream
 from server.serving.tools import ToolPlan
 
 
@@ -82,6 +85,7 @@ class ChatChoiceStream:
             release = self.tools.feed(content or "", self._take())
             if release.content:
                 pieces.append(self._piece(ChatDelta(content=release.content), release.logprobs))
+            pieces += [self._call(p) for p in release.calls]
             if finished:
                 pieces += self._finish_tools(c)
             return pieces
@@ -91,6 +95,12 @@ class ChatChoiceStream:
         if c.finish_reason is not None:
             self.stats.finish_reasons.append(c.finish_reason)
         return pieces
+
+    def _call(self, piece: CallPiece) -> ChatStreamChoice:
+        return self._piece(ChatDelta(tool_calls=[ToolCallDelta(
+            index=piece.index, id=piece.id, type="function" if piece.id is not None else None,
+            function=ToolCallFunctionDelta(name=piece.name, arguments=piece.arguments),
+        )]))
 
     def _finish_tools(self, c: ChoiceOutput) -> list[ChatStreamChoice]:
         assert self.tools is not None
@@ -102,10 +112,6 @@ class ChatChoiceStream:
         if end.content:
             pieces.append(self._piece(ChatDelta(content=end.content), logprobs))
             logprobs = None
-        for i, call in enumerate(end.calls):
-            pieces.append(self._piece(ChatDelta(tool_calls=[ToolCallDelta(
-                index=i, id=call.id, type="function",
-                function=ToolCallFunctionDelta(name=call.function.name, arguments=call.function.arguments),
-            )])))
+        pieces += [self._call(p) for p in end.pieces]
         pieces.append(self._piece(ChatDelta(), logprobs, finish_reason=end.finish_reason, stop_reason=c.stop_reason))
         return pieces

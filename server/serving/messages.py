@@ -7,8 +7,11 @@ an Anthropic message, or its stream into Anthropic's events:
     content_block_start, content_block_delta (thinking_delta + signature_delta, text_delta,
     input_json_delta), content_block_stop; then message_delta (stop_reason, usage), message_stop.
 
-A tool call's arguments go out whole in one `input_json_delta` once the call is read (as chat
-sends them). A stream that fails after it started ends with Anthropic's `error` event.
+A tool call's `tool_use` block opens when chat's stream names the call, and its arguments go
+out in `input_json_delta`s as chat streams them (`server.serving.tool_stream`); a call that first
+appears when the choice finishes goes whole in one, or as text where its arguments are not a
+JSON object (cut off by max_tokens), as the non-streamed message has it. A stream that fails
+after it started ends with Anthropic's `error` event.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from server.protocol.anthropic import (
     ToolUseOutput,
     MessageUsage,
 )
-from server.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ChatStreamChoice
+from server.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ChatStreamChoice, ToolCallDelta
 from server.request_state import RequestStats
 from server.serving.chat import ChatService, chat_prompt_ids, message_dicts
 from server.serving.chat_stream import ChatChoiceStream
@@ -57,7 +60,8 @@ class _Blocks:
     def __init__(self) -> None:
         self.index = -1
         self.open: str | None = None  # the kind of the block open now
-        self.called = False  # a complete tool_use block went out
+        self.called = False  # a tool_use block went out
+        self.call_index: int | None = None  # the chat index of the call in the open tool_use block
 
     def _start(self, block: dict[str, Any]) -> Iterator[str]:
         yield from self.stop()
@@ -86,23 +90,48 @@ class _Blocks:
             yield from self._start({"type": "thinking", "thinking": "", "signature": ""})
         yield self._delta({"type": "thinking_delta", "thinking": text})
 
-    def piece(self, piece: ChatStreamChoice) -> Iterator[str]:
+    def piece(self, piece: ChatStreamChoice, final: bool = False) -> Iterator[str]:
+        """One chat piece's blocks; `final`: the piece came with the finish (its calls are whole,
+        `joined_calls`)."""
         delta = piece.delta
         if delta.reasoning:
             yield from self.thinking(delta.reasoning)
         if delta.content:
             yield from self.text(delta.content)
         for call in delta.tool_calls or []:
-            if call.function is None or call.function.name is None or call.id is None:
-                continue  # chat sends each call whole in one delta: never a fragment
-            block = tool_use_block(call.id, call.function.name, call.function.arguments or "")
-            if isinstance(block, TextOutput):  # not a complete call (cut off): its text
-                yield from self.text(block.text)
+            arguments = call.function.arguments or ""
+            if call.id is None:  # more of the call in the open block
+                if arguments and self.open == "tool_use" and self.call_index == call.index:
+                    yield self._delta({"type": "input_json_delta", "partial_json": arguments})
                 continue
-            yield from self._start({"type": "tool_use", "id": block.id, "name": block.name, "input": {}})
-            yield self._delta({"type": "input_json_delta", "partial_json": call.function.arguments or "{}"})
-            yield from self.stop()
-            self.called = True
+            name = call.function.name or ""
+            if final:
+                block = tool_use_block(call.id, name, arguments)
+                if isinstance(block, TextOutput):  # not a complete call (cut off): its text
+                    yield from self.text(block.text)
+                    continue
+                arguments = arguments or "{}"
+            yield from self._start({"type": "tool_use", "id": call.id, "name": name, "input": {}})
+            self.called, self.call_index = True, call.index
+            if arguments:
+                yield self._delta({"type": "input_json_delta", "partial_json": arguments})
+
+
+def joined_calls(pieces: list[ChatStreamChoice]) -> list[ChatStreamChoice]:
+    """The pieces of a choice's finish with each call that first appears among them whole in its
+    first piece (so a call cut off can still become text)."""
+    first: dict[int, ToolCallDelta] = {}
+    out = []
+    for piece in pieces:
+        calls = piece.delta.tool_calls
+        if calls and calls[0].id is None and calls[0].index in first:
+            head = first[calls[0].index].function
+            head.arguments = (head.arguments or "") + (calls[0].function.arguments or "")
+            continue
+        if calls and calls[0].id is not None:
+            first[calls[0].index] = calls[0]
+        out.append(piece)
+    return out
 
 
 class MessagesService:
@@ -154,10 +183,12 @@ class MessagesService:
                     stats.completion_tokens += len(c.token_ids)
                     if c.token_ids and stats.first_token_at is None:
                         stats.first_token_at = time.monotonic()
-                    for piece in choice.feed(c):
+                    final = c.finish_reason is not None
+                    pieces = choice.feed(c)
+                    for piece in joined_calls(pieces) if final else pieces:
                         if piece.finish_reason is not None:
                             finish_reason, matched = piece.finish_reason, piece.stop_reason
-                        for text in blocks.piece(piece):
+                        for text in blocks.piece(piece, final):
                             yield text
             for text in blocks.stop():
                 yield text

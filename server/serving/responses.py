@@ -42,14 +42,19 @@ from server.serving.chat import chat_prompt_ids
 from server.serving.checks import check_model, resolve_max_tokens
 from server.serving.lease import GenerationService, prompt_chars, serve_on_lease
 from server.serving.responses_items import (
+    Events,
     echoed_tool_choice,
     function_call_events,
     input_messages,
+    message_events,
+    message_opening,
     new_message_id,
     new_reasoning_id,
     output_items,
     plan_response_tools,
+    reasoning_items,
 )
+from server.serving.responses_tools import ToolItemsStream
 from server.serving.sampling import sampling_options
 from server.serving.sse import EventStream, stream_failure
 from server.serving.streams import guarded
@@ -190,12 +195,23 @@ class ResponsesService(GenerationService):
         return self._response(req, request_id, prepared.options, created_at=created_at, status=status,
                               output=output, stats=stats)
 
+    @staticmethod
+    def _item_events(output: list[OutputItem], item_id: str, message_open: bool) -> Events:
+        """The finished items' events (the reasoning item's went out as it streamed)."""
+        for index, item in enumerate(output):
+            if isinstance(item, FunctionCallOutput):
+                yield from function_call_events(item, index)
+            elif not isinstance(item, ReasoningOutput):
+                item.id = item_id
+                yield from message_events(item, index, opened=message_open)
+
     async def _stream(self, req: ResponsesRequest, request_id: str, prepared: _Prepared,
                       stats: RequestStats) -> AsyncIterator[str]:
         created_at = int(time.time())
         sequence = 0
         item_id = new_message_id()
-        held = prepared.plan.parses_output  # tools: the text is read for calls once it ends
+        held = prepared.plan.parses_output  # tools: the text is read for calls as it comes
+        tools = ToolItemsStream(prepared.plan, item_id) if held else None
         reasoner = prepared.reasoner
         reasoning = _ReasoningItemStream(new_reasoning_id())
 
@@ -216,7 +232,7 @@ class ResponsesService(GenerationService):
             # at its first text, after the reasoning item.
             message_open = not held and reasoner is None
             if message_open:
-                for event_type, fields in _message_opening(item_id):
+                for event_type, fields in message_opening(item_id):
                     yield numbered(event_type, **fields)
             text: list[str] = []
             finish_reason: str | None = None
@@ -240,60 +256,38 @@ class ResponsesService(GenerationService):
                     for event_type, fields in reasoning.done():
                         yield numbered(event_type, **fields)
                     text.append(piece)
-                    if not held:
+                    if tools is not None:
+                        for event_type, fields in tools.feed(piece, reasoning.next_index):
+                            yield numbered(event_type, **fields)
+                    else:
                         if not message_open:
                             message_open = True
-                            for event_type, fields in _message_opening(item_id, reasoning.next_index):
+                            for event_type, fields in message_opening(item_id, reasoning.next_index):
                                 yield numbered(event_type, **fields)
                         yield numbered(TextDeltaEvent, item_id=item_id, output_index=reasoning.next_index,
                                        delta=piece)
             status = self._status(finish_reason)
             for event_type, fields in reasoning.done(status):
                 yield numbered(event_type, **fields)
-            output, finish_reason = output_items(
-                prepared.plan, "".join(text) if text or reasoner is None else None, finish_reason, status,
-                reasoning.finished)
+            if tools is not None:  # the items opened as they streamed; the rest of their events
+                rest, items, finish_reason = tools.finish(finish_reason, status, reasoning.next_index)
+                output = [*reasoning_items(reasoning.finished, status), *items]
+                events: Events = rest
+            else:
+                output, finish_reason = output_items(
+                    prepared.plan, "".join(text) if text or reasoner is None else None, finish_reason, status,
+                    reasoning.finished)
+                events = self._item_events(output, item_id, message_open)
             if finish_reason:
                 stats.finish_reasons.append(finish_reason)
-            for index, item in enumerate(output):
-                if isinstance(item, ReasoningOutput):
-                    continue  # its events went out as it streamed
-                if isinstance(item, FunctionCallOutput):
-                    events = function_call_events(item, index)
-                else:
-                    item.id = item_id
-                    events = _message_events(item, index, opened=message_open)
-                for event_type, fields in events:
-                    yield numbered(event_type, **fields)
+            for event_type, fields in events:
+                yield numbered(event_type, **fields)
             stats.completed = True
             yield numbered(ResponseEvent, type="response.completed", response=response(status, output, True))
         except Exception as exc:  # never leave a started stream without an ending
             yield responses_error_event(stream_failure(exc, request_id), sequence)
         finally:
             await prepared.stream.aclose()  # type: ignore[attr-defined]
-
-
-Events = Iterator[tuple[type[StreamEvent], dict[str, Any]]]
-
-
-def _message_opening(item_id: str, index: int = 0) -> Events:
-    yield OutputItemEvent, {"type": "response.output_item.added", "output_index": index,
-                            "item": OutputMessage(id=item_id, status="in_progress", content=[])}
-    yield ContentPartEvent, {"type": "response.content_part.added", "item_id": item_id,
-                             "output_index": index, "part": OutputText(text="")}
-
-
-def _message_events(message: OutputMessage, index: int, *, opened: bool) -> Events:
-    """A message item's events after its text deltas; not yet `opened`: its opening and the whole
-    text as one delta first (a held tool stream)."""
-    text = message.content[0].text
-    if not opened:
-        yield from _message_opening(message.id, index)
-        yield TextDeltaEvent, {"item_id": message.id, "output_index": index, "delta": text}
-    yield TextDoneEvent, {"item_id": message.id, "output_index": index, "text": text}
-    yield ContentPartEvent, {"type": "response.content_part.done", "item_id": message.id,
-                             "output_index": index, "part": message.content[0]}
-    yield OutputItemEvent, {"type": "response.output_item.done", "output_index": index, "item": message}
 
 
 class _ReasoningItemStream:

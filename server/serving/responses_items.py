@@ -18,6 +18,7 @@ from server.engine import Engine
 from server.errors import InvalidRequestError
 from server.protocol.openai import ChatCompletionRequest, ChatMessage
 from server.protocol.responses import (
+    ContentPartEvent,
     FunctionCallArgumentsDeltaEvent,
     FunctionCallArgumentsDoneEvent,
     FunctionCallItem,
@@ -33,6 +34,8 @@ from server.protocol.responses import (
     ReasoningText,
     ResponsesRequest,
     StreamEvent,
+    TextDeltaEvent,
+    TextDoneEvent,
 )
 from server.serving.chat import chat_message_dicts
 from server.serving.tools import ToolPlan, plan_tools, read_tool_calls, tool_message_fields
@@ -150,16 +153,21 @@ def _check_arguments(item: FunctionCallItem, index: int) -> None:
 # -- output -------------------------------------------------------------------------------------
 
 
+def reasoning_items(reasoning: tuple[str, str] | None, status: str) -> list[OutputItem]:
+    """The `reasoning` item of (item id, text), if any."""
+    if reasoning is None:
+        return []
+    return [ReasoningOutput(id=reasoning[0], content=[ReasoningText(text=reasoning[1])],
+                            status=status)]  # type: ignore[arg-type]
+
+
 def output_items(plan: ToolPlan, text: str | None, finish_reason: str | None, status: str,
                  reasoning: tuple[str, str] | None = None) -> tuple[list[OutputItem], str | None]:
     """A finished generation as output items (and the finish reason for the stats): the text as
     one message; with tools, the text left beside the calls (if any) and one `function_call` per
     call, as `vllm serve` builds them. `reasoning` (item id, text) comes first as a `reasoning`
     item, and a reasoning parser's empty content gives no message (as `vllm serve`)."""
-    items: list[OutputItem] = []
-    if reasoning is not None:
-        items.append(ReasoningOutput(id=reasoning[0], content=[ReasoningText(text=reasoning[1])],
-                                     status=status))  # type: ignore[arg-type]
+    items: list[OutputItem] = reasoning_items(reasoning, status)
     if not plan.parses_output:
         if text or reasoning is None:
             items.append(OutputMessage(id=new_message_id(), status=status,  # type: ignore[arg-type]
@@ -179,7 +187,10 @@ def output_items(plan: ToolPlan, text: str | None, finish_reason: str | None, st
     return items, finish_reason
 
 
-def function_call_events(item: FunctionCallOutput, index: int) -> Iterator[tuple[type[StreamEvent], dict[str, Any]]]:
+Events = Iterator[tuple[type[StreamEvent], dict[str, Any]]]
+
+
+def function_call_events(item: FunctionCallOutput, index: int) -> Events:
     """A finished call's stream events (unnumbered): added (no arguments yet), the arguments as
     one delta, their done event, the item done."""
     started = item.model_copy(update={"arguments": "", "status": "in_progress"})
@@ -188,3 +199,23 @@ def function_call_events(item: FunctionCallOutput, index: int) -> Iterator[tuple
     yield FunctionCallArgumentsDoneEvent, {"item_id": item.id, "output_index": index,
                                            "arguments": item.arguments, "name": item.name}
     yield OutputItemEvent, {"type": "response.output_item.done", "output_index": index, "item": item}
+
+
+def message_opening(item_id: str, index: int = 0) -> Events:
+    yield OutputItemEvent, {"type": "response.output_item.added", "output_index": index,
+                            "item": OutputMessage(id=item_id, status="in_progress", content=[])}
+    yield ContentPartEvent, {"type": "response.content_part.added", "item_id": item_id,
+                             "output_index": index, "part": OutputText(text="")}
+
+
+def message_events(message: OutputMessage, index: int, *, opened: bool) -> Events:
+    """A message item's events after its text deltas; not yet `opened`: its opening and the whole
+    text as one delta first (a held tool stream)."""
+    text = message.content[0].text
+    if not opened:
+        yield from message_opening(message.id, index)
+        yield TextDeltaEvent, {"item_id": message.id, "output_index": index, "delta": text}
+    yield TextDoneEvent, {"item_id": message.id, "output_index": index, "text": text}
+    yield ContentPartEvent, {"type": "response.content_part.done", "item_id": message.id,
+                             "output_index": index, "part": message.content[0]}
+    yield OutputItemEvent, {"type": "response.output_item.done", "output_index": index, "item": message}

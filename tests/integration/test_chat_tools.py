@@ -7,9 +7,11 @@ import json
 import time
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
+from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
 from tests.conftest import SERVED_NAME, ServerProcess
 
 WEATHER = {"type": "function", "function": {
@@ -109,3 +111,44 @@ def test_tool_calls_finish_reason_is_counted(client: openai.OpenAI, gateway: Ser
     metrics = httpx.get(gateway.base_url + "/metrics", timeout=10).text
     assert any(line.startswith("gateway_request_finish_total{") and 'reason="tool_calls"' in line
                for line in metrics.splitlines()), metrics[:2000]
+
+
+def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.OpenAI, gateway: ServerProcess) -> None:
+    """Chat, /v1/responses (OpenAI SDK) and /v1/messages (anthropic SDK, `messages.stream()`), a
+    named function (the CPU profile forces it into JSON, streamed as written) and `auto` (hermes
+    calls): the streamed argument pieces make the non-streamed arguments exactly, a call in more
+    than one piece. (tests/integration/test_vllm_parity_tools.py does it over the parity data.)"""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "auto"):
+        kwargs: dict[str, Any] = dict(model=SERVED_NAME, messages=ask, tools=[WEATHER], tool_choice=choice,
+                                      temperature=0, max_tokens=60)
+        plain = client.chat.completions.create(**kwargs).choices[0]
+        calls, finish = sdk_chat_calls(client.chat.completions.create(stream=True, **kwargs))
+        assert [(c["name"], c["arguments"]) for c in calls] == [
+            (t.function.name, t.function.arguments) for t in plain.message.tool_calls or []]
+        assert finish == plain.finish_reason
+        assert all(c["pieces"] > 1 for c in calls if len(c["arguments"]) > 12), calls
+        assert calls or choice == "auto"  # a named function is always called
+
+    tool = {"type": "function", **WEATHER["function"]}
+    rkwargs: dict[str, Any] = dict(model=SERVED_NAME, input=ask, tools=[tool], temperature=0, max_output_tokens=60,
+                                   tool_choice={"type": "function", "name": "get_weather"})
+    plain_items = [o for o in client.responses.create(**rkwargs).output if o.type == "function_call"]
+    with client.responses.stream(**rkwargs) as stream:
+        items, final = sdk_response_calls(stream)
+    assert [(c["name"], c["arguments"]) for c in items] == [(o.name, o.arguments) for o in plain_items]
+    assert items and items[0]["pieces"] > 1
+    assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
+
+    claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0)
+    mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=60, messages=ask, extra_body={"temperature": 0},
+                                   tools=[{
+                                       "name": "get_weather", "description": WEATHER["function"]["description"],
+                                       "input_schema": WEATHER["function"]["parameters"]}],
+                                   tool_choice={"type": "tool", "name": "get_weather"})
+    plain_uses = [b for b in claude.messages.create(**mkwargs).content if b.type == "tool_use"]
+    with claude.messages.stream(**mkwargs) as mstream:
+        uses, message = sdk_message_uses(mstream)
+    assert [(u["name"], json.loads(u["arguments"])) for u in uses] == [(b.name, b.input) for b in plain_uses]
+    assert uses and uses[0]["pieces"] > 1 and message.stop_reason == "tool_use"
+    assert no_mismatch_logged(gateway)

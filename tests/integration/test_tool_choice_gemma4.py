@@ -20,6 +20,7 @@ import anthropic
 import openai
 import pytest
 
+from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
 from tests.conftest import SERVED_NAME, ServerProcess, start_gateway
 
 TRIES = 5
@@ -168,6 +169,41 @@ def test_anthropic_any_and_tool_return_a_call_every_time(claude: anthropic.Anthr
         for use in uses if message.stop_reason == "tool_use" else uses[:-1]:
             assert use.id and use.name in ("get_forecast", "get_time"), use
             check_arguments(use.name, json.dumps(use.input))
+
+
+def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.OpenAI, claude: anthropic.Anthropic,
+                                                                  gemma4_gateway: ServerProcess) -> None:
+    """Gemma 4 calls, greedy: chat and /v1/responses (OpenAI SDK) and /v1/messages (anthropic SDK,
+    `messages.stream()`) stream argument pieces that make the non-streamed arguments exactly, the
+    call in more than one piece."""
+    named = {"type": "function", "function": {"name": "get_forecast"}}
+    kwargs: dict[str, Any] = dict(model=SERVED_NAME, messages=ASK, tools=[FORECAST, TIME], tool_choice=named,
+                                  max_tokens=120, temperature=0)
+    [parsed] = client.chat.completions.create(**kwargs).choices[0].message.tool_calls or []
+    calls, finish = sdk_chat_calls(client.chat.completions.create(stream=True, **kwargs))
+    assert [(c["name"], c["arguments"]) for c in calls] == [(parsed.function.name, parsed.function.arguments)]
+    assert calls[0]["pieces"] > 1 and finish == "stop"
+    check_arguments(parsed.function.name, parsed.function.arguments)
+
+    tools = [{"type": "function", **t["function"]} for t in (FORECAST, TIME)]
+    rkwargs: dict[str, Any] = dict(model=SERVED_NAME, input=ASK, tools=tools, temperature=0, max_output_tokens=120,
+                                   tool_choice={"type": "function", "name": "get_forecast"})
+    plain_items = [o for o in client.responses.create(**rkwargs).output if o.type == "function_call"]
+    with client.responses.stream(**rkwargs) as stream:
+        items, final = sdk_response_calls(stream)
+    assert [(c["name"], c["arguments"]) for c in items] == [(o.name, o.arguments) for o in plain_items]
+    assert items and items[0]["pieces"] > 1
+    assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
+
+    mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=160, messages=ASK, tools=ANTHROPIC_TOOLS,
+                                   tool_choice={"type": "tool", "name": "get_forecast"}, extra_body={"temperature": 0})
+    plain_uses = [b for b in claude.messages.create(**mkwargs).content if b.type == "tool_use"]
+    with claude.messages.stream(**mkwargs) as mstream:
+        uses, message = sdk_message_uses(mstream)
+    assert [(u["name"], u["arguments"]) for u in uses] == [
+        (b.name, json.dumps(b.input, ensure_ascii=False)) for b in plain_uses]
+    assert uses and uses[0]["pieces"] > 1 and message.stop_reason == "tool_use"
+    assert no_mismatch_logged(gemma4_gateway)
 
 
 def test_bad_tool_choices_stay_clean_4xx(client: openai.OpenAI, claude: anthropic.Anthropic) -> None:

@@ -14,10 +14,11 @@ text, and the final message_delta; count_tokens' input_tokens. Differences kept 
   response leaves the field out (it serializes without nulls).
 - Message ids are `msg_<hex>` (Anthropic's prefix); vLLM sends its chat id (`chatcmpl-...`). Tool
   call ids are `call_<hex>` (chat's); vLLM's are `chatcmpl-tool-<hex>`.
-- A tool call's arguments go out whole in one `input_json_delta` once the call is read (vLLM's
-  hermes parser streams them in pieces); folded, the events are the same. With tools, text is
-  streamed up to the parser's call opener, and `any`/`tool` choices are held whole, as chat's
-  tool streams are.
+- A tool call's arguments go out in `input_json_delta`s cut where chat's tool stream cuts them
+  (only what the finished parse is certain to begin with; vLLM's hermes parser cuts them
+  elsewhere); folded, the events are the same. With tools, text is streamed up to the parser's
+  call opener, and an `any` choice is held whole (the CPU profile forces it into a JSON array),
+  as chat's tool streams are.
 - count_tokens answers `{"input_tokens"}` only, as Anthropic's API does; vLLM adds
   `context_management.original_input_tokens` (Anthropic's context-editing beta, not served here).
 - The system prompt's text blocks and a turn's text blocks are joined by newlines (as chat joins

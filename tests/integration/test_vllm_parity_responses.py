@@ -181,9 +181,9 @@ def test_tokenize_same_as_vllm(case: dict[str, Any], gateway: ServerProcess, vll
 # final response.
 # Deliberate differences from `vllm serve`, tools:
 # - call ids: OpenAI's `call_<hex>` where vLLM gives `chatcmpl-tool-<hex>` (as in chat);
-# - a streamed response with tools holds the text until generation ends, then sends each item's
-#   events with the text or arguments as one delta (vLLM streams them piece by piece); folded,
-#   the events and the final response are the same (as chat's tool streams);
+# - a streamed response with tools streams the text before the calls and each call's arguments
+#   as chat's tool stream cuts them (only what the finished parse is certain to begin with; vLLM
+#   cuts them elsewhere); folded, the events and the final response are the same;
 # - the echoed `tools` carry type, name, description, parameters, strict and any other field the
 #   client sent; vLLM echoes every field of its OpenAI SDK's FunctionTool model (null where unset:
 #   allowed_callers, defer_loading, ...), which changes with the SDK version;

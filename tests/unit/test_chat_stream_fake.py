@@ -12,6 +12,7 @@ import pytest
 
 from server.engine import SamplingOptions
 from testbed.fakes import FakeEngine, FakeReasoningParser
+from testbed.tool_deltas import merged_calls
 from tests.unit.test_tools_fake import ASK, WEATHER, started
 
 CALL_TEXT = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
@@ -70,9 +71,9 @@ async def test_a_call_opener_split_across_deltas_is_not_leaked() -> None:
     deltas = await stream(client, {"tools": [WEATHER]})
     assert contents(deltas) == ["Sure", ", checking. "]
     assert not any("<" in c for c in contents(deltas))
-    [call] = [d["delta"]["tool_calls"][0] for d in deltas if "tool_calls" in d["delta"]]
-    assert call["function"]["name"] == "get_weather"
-    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    [call] = merged_calls(deltas)
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
     assert deltas[-1]["finish_reason"] == "tool_calls"
     plain = (await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})).json()
     assert plain["choices"][0]["message"]["content"] == "".join(contents(deltas))
@@ -142,8 +143,7 @@ async def test_reasoning_with_tools_reads_calls_from_the_content_only() -> None:
     deltas = await stream(client, {"tools": [WEATHER]})
     assert "".join(d["delta"].get("reasoning") or "" for d in deltas) == "Look it up; a <tool_call> is needed."
     assert contents(deltas) == ["Checking. "]
-    assert [d["delta"]["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d["delta"]] \
-        == ["get_weather"]
+    assert [c["name"] for c in merged_calls(deltas)] == ["get_weather"]
     assert deltas[-1]["finish_reason"] == "tool_calls"
 
 
@@ -157,3 +157,29 @@ async def test_all_reasoning_has_null_content_and_no_parser_has_null_reasoning()
     assert message["reasoning"] is None and message["content"] == "<think>not parsed</think>"
     deltas = await stream(client, {})
     assert not any("reasoning" in d["delta"] for d in deltas)
+
+
+TWO_CALLS = ('Checking both. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris \\"Île\\" 東京", '
+             '"days": 3}}</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+
+
+def cut(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("size", [1, 3, 10])
+async def test_call_arguments_stream_in_pieces_that_make_the_parsed_arguments(size: int) -> None:
+    client = await started(scripted(cut(TWO_CALLS, size)))
+    plain = (await client.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER]})).json()
+    parsed = plain["choices"][0]["message"]["tool_calls"]
+    deltas = await stream(client, {"tools": [WEATHER]})
+    calls = merged_calls(deltas)
+    assert [(c["name"], c["arguments"]) for c in calls] == [
+        (p["function"]["name"], p["function"]["arguments"]) for p in parsed]
+    assert calls[0]["pieces"] > 2  # as written, not whole at the end
+    later = [t for d in deltas for t in d["delta"].get("tool_calls") or [] if "id" not in t]
+    assert later and all(set(t) == {"index", "function"} and set(t["function"]) == {"arguments"} for t in later)
+    first_call = next(i for i, d in enumerate(deltas) if "tool_calls" in d["delta"])
+    assert first_call < len(deltas) - 3 and deltas[-1]["finish_reason"] == "tool_calls"
+    assert "".join(contents(deltas)) == "Checking both. "

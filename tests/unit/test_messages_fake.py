@@ -309,3 +309,23 @@ async def test_a_call_cut_off_by_max_tokens_comes_back_as_text() -> None:
     message = r.json()
     assert message["content"] == [{"type": "text", "text": '{"city": "Pa'}], message
     assert message["stop_reason"] == "end_turn"  # the fake engine says "stop"; a real cut says max_tokens
+
+
+@pytest.mark.anyio
+async def test_tool_use_input_streams_in_pieces_that_make_the_input() -> None:
+    from tests.unit.test_chat_stream_fake import TWO_CALLS, cut, scripted
+
+    client = await started(scripted(cut(TWO_CALLS, 3)))
+    plain = (await client.post("/v1/messages", json=body(messages=ASK, tools=[WEATHER], max_tokens=50))).json()
+    r = await client.post("/v1/messages", json=body(messages=ASK, tools=[WEATHER], max_tokens=50, stream=True))
+    events = events_of(r.text)
+    starts = {e["index"]: e["content_block"] for k, e in events if k == "content_block_start"}
+    inputs: dict[int, list[str]] = {}
+    for k, e in events:
+        if k == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+            inputs.setdefault(e["index"], []).append(e["delta"]["partial_json"])
+    uses = [(starts[i]["name"], json.loads("".join(parts))) for i, parts in sorted(inputs.items())]
+    assert uses == [(b["name"], b["input"]) for b in plain["content"] if b["type"] == "tool_use"]
+    assert len(uses) == 2 and all(len(parts) > 2 for parts in inputs.values())
+    assert [s["type"] for s in starts.values()] == ["text", "tool_use", "tool_use"]
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"

@@ -120,16 +120,24 @@ async def test_auto_gives_text_and_function_call_items_plain_and_streamed() -> N
 
     r = await client.post("/v1/responses", json={**body, "stream": True})
     streamed = events(r.text)
-    assert [e["type"] for e in streamed] == [
+    types = [e["type"] for e in streamed]
+    # The text and the arguments stream in pieces (the scripted engine writes a few characters
+    # a delta): one event type per run of them here.
+    assert [t for i, t in enumerate(types) if i == 0 or t != types[i - 1]] == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.content_part.added", "response.output_text.delta",
         "response.output_text.done", "response.content_part.done", "response.output_item.done",
         "response.output_item.added", "response.function_call_arguments.delta",
         "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
-    added, delta, done, item_done = streamed[8:12]
+    added = streamed[types.index("response.function_call_arguments.delta") - 1]
+    deltas = [e for e in streamed if e["type"] == "response.function_call_arguments.delta"]
+    done, item_done = streamed[-3:-1]
     assert added["item"]["arguments"] == "" and added["item"]["status"] == "in_progress"
-    assert added["output_index"] == delta["output_index"] == 1 and delta["item_id"] == added["item"]["id"]
-    assert json.loads(delta["delta"]) == json.loads(done["arguments"]) == {"city": "Rome"}
+    assert {d["output_index"] for d in deltas} == {added["output_index"]} == {1}
+    assert {d["item_id"] for d in deltas} == {added["item"]["id"]}
+    assert "".join(d["delta"] for d in deltas) == done["arguments"] == item_done["item"]["arguments"]
+    assert json.loads(done["arguments"]) == {"city": "Rome"}
+    assert "".join(e["delta"] for e in streamed if e["type"] == "response.output_text.delta") == "Let me look."
     assert done["name"] == "get_weather" and item_done["item"]["status"] == "completed"
     final = streamed[-1]["response"]["output"]
     assert final[0]["id"] == streamed[2]["item"]["id"] and final[1] == item_done["item"]
@@ -170,3 +178,27 @@ async def test_required_named_and_none() -> None:
     assert message["type"] == "message" and message["content"][0]["text"] == '{"city": "Oslo"}'
     r = await client.post("/v1/responses", json={"input": ASK, "tool_choice": "auto"})
     assert r.status_code == 200 and r.json()["tool_choice"] == "none"
+
+
+@pytest.mark.anyio
+async def test_function_call_arguments_stream_in_pieces_that_make_the_arguments() -> None:
+    from tests.unit.test_chat_stream_fake import TWO_CALLS, cut, scripted
+
+    client = await started(scripted(cut(TWO_CALLS, 3)))
+    body = {"input": ASK, "tools": [WEATHER]}
+    plain = (await client.post("/v1/responses", json=body)).json()["output"]
+    streamed = events((await client.post("/v1/responses", json={**body, "stream": True})).text)
+    final = streamed[-1]["response"]["output"]
+    assert [(o["type"], o.get("name"), o.get("arguments")) for o in final] == [
+        (o["type"], o.get("name"), o.get("arguments")) for o in plain]
+    assert [o["type"] for o in final] == ["message", "function_call", "function_call"]
+    for index in (1, 2):
+        deltas = [e["delta"] for e in streamed
+                  if e["type"] == "response.function_call_arguments.delta" and e["output_index"] == index]
+        assert len(deltas) > 2 and "".join(deltas) == final[index]["arguments"]
+    added = [e for e in streamed if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"]) for e in added] == [
+        (0, "message"), (1, "function_call"), (2, "function_call")]
+    # The first call is added before the second is written: streamed, not whole at the end.
+    assert streamed.index(added[1]) < streamed.index(added[2]) - 3
+    Response.model_validate(streamed[-1]["response"], strict=True)
