@@ -109,15 +109,6 @@ class ToolCallStream:
         self.streamed: list[_Streamed] = []
         self.mismatches: list[str] = []
 
-    def _callable(self, name: str) -> bool:
-        """Whether the finished parse keeps a call of this name: required/named keep only the
-        tools' (the named one's) names, a name cut by max_tokens is another (`read_tool_calls`)."""
-        if self.plan.mode == "named":
-            return name == self.plan.function_name
-        if self.plan.mode == "required":
-            return any(t["function"]["name"] == name for t in self.plan.tools or [])
-        return True
-
     def _mismatch(self, what: str) -> None:
         log.warning("streamed tool call disagrees with the finished parse: %s", what)
         self.mismatches.append(what)
@@ -146,7 +137,7 @@ class ToolCallStream:
             if self.plan.single_call and index > 0:
                 break
             if index == len(self.streamed):
-                if not self._callable(call.name):
+                if not self.plan.keeps_call(call.name):  # as the finished parse
                     break
                 self.streamed.append(_Streamed(new_tool_call_id(), call.name, call.arguments))
                 pieces.append(CallPiece(index, call.arguments, self.streamed[index].id, call.name))

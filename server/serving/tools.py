@@ -51,6 +51,16 @@ class ToolPlan:
             return False
         return self.mode == "auto" or (self.mode in ("required", "named") and not self.parser.forced_by_schema)
 
+    def keeps_call(self, name: str) -> bool:
+        """Whether a call of this name is kept: `required` keeps only the tools' names and a named
+        choice only its function's (another is a call cut off by max_tokens inside its name, which
+        no client could run); `auto` keeps any."""
+        if self.mode == "named":
+            return name == self.function_name
+        if self.mode == "required":
+            return any(t["function"]["name"] == name for t in self.tools or [])
+        return True
+
     @property
     def skip_special_tokens(self) -> bool:
         return self.parser.skip_special_tokens if self.parser is not None else True
@@ -227,11 +237,8 @@ def _read_tool_calls(
             return extracted.content, calls, "tool_calls" if calls else finish_reason
         # required/named from the model's own syntax (parsers that are not forced into JSON,
         # constrained to their syntax): content is "" rather than null, `required` ends `tool_calls`.
-        # The constraint lets only the tools' names through (the named one's for a named choice):
-        # another is a call cut off by max_tokens inside its name, which no client could run.
-        callable_names = {plan.function_name} if plan.mode == "named" else {
-            t["function"]["name"] for t in plan.tools or []}
-        calls = [c for c in calls if c.function.name in callable_names]
+        # The constraint lets only the tools' names through (the named one's for a named choice).
+        calls = [c for c in calls if plan.keeps_call(c.function.name)]
         required_stop = plan.mode == "required" and finish_reason == "stop"
         return extracted.content or "", calls, "tool_calls" if required_stop else finish_reason
     if plan.mode == "required":
