@@ -77,6 +77,18 @@ def sdk_response_calls(stream: Any) -> tuple[list[dict[str, Any]], Any]:
     return list(calls.values()), stream.get_final_response()
 
 
+def check_responses_stream_is_plain(client: Any, **kwargs: Any) -> None:
+    """`client.responses` (OpenAI SDK) with `kwargs` plain, then streamed: the streamed function
+    calls are the plain ones (names, arguments exactly), the first came in more than one delta,
+    and the stream's final response holds the arguments its deltas made."""
+    plain = [o for o in client.responses.create(**kwargs).output if o.type == "function_call"]
+    with client.responses.stream(**kwargs) as stream:
+        items, final = sdk_response_calls(stream)
+    assert [(c["name"], c["arguments"]) for c in items] == [(o.name, o.arguments) for o in plain]
+    assert items and items[0]["pieces"] > 1
+    assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
+
+
 def sdk_message_uses(stream: Any) -> tuple[list[dict[str, Any]], Any]:
     """The tool_use blocks of an anthropic SDK `messages.stream()`: per block, its name, the JSON
     its `input_json_delta`s make and how many; and the final message."""

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 
-from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
+from testbed.tool_deltas import check_responses_stream_is_plain, no_mismatch_logged, sdk_chat_calls, sdk_message_uses
 from tests.conftest import SERVED_NAME, ServerProcess
 
 WEATHER = {"type": "function", "function": {
@@ -133,12 +133,7 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
     tool = {"type": "function", **WEATHER["function"]}
     rkwargs: dict[str, Any] = dict(model=SERVED_NAME, input=ask, tools=[tool], temperature=0, max_output_tokens=60,
                                    tool_choice={"type": "function", "name": "get_weather"})
-    plain_items = [o for o in client.responses.create(**rkwargs).output if o.type == "function_call"]
-    with client.responses.stream(**rkwargs) as stream:
-        items, final = sdk_response_calls(stream)
-    assert [(c["name"], c["arguments"]) for c in items] == [(o.name, o.arguments) for o in plain_items]
-    assert items and items[0]["pieces"] > 1
-    assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
+    check_responses_stream_is_plain(client, **rkwargs)
 
     claude = anthropic.Anthropic(base_url=gateway.base_url, api_key="unused", max_retries=0)
     mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=60, messages=ask, extra_body={"temperature": 0},

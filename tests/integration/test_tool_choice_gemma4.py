@@ -20,7 +20,7 @@ import anthropic
 import openai
 import pytest
 
-from testbed.tool_deltas import no_mismatch_logged, sdk_chat_calls, sdk_message_uses, sdk_response_calls
+from testbed.tool_deltas import check_responses_stream_is_plain, no_mismatch_logged, sdk_chat_calls, sdk_message_uses
 from tests.conftest import SERVED_NAME, ServerProcess, start_gateway
 
 TRIES = 5
@@ -188,12 +188,7 @@ def test_streamed_arguments_are_the_plain_arguments_in_every_api(client: openai.
     tools = [{"type": "function", **t["function"]} for t in (FORECAST, TIME)]
     rkwargs: dict[str, Any] = dict(model=SERVED_NAME, input=ASK, tools=tools, temperature=0, max_output_tokens=120,
                                    tool_choice={"type": "function", "name": "get_forecast"})
-    plain_items = [o for o in client.responses.create(**rkwargs).output if o.type == "function_call"]
-    with client.responses.stream(**rkwargs) as stream:
-        items, final = sdk_response_calls(stream)
-    assert [(c["name"], c["arguments"]) for c in items] == [(o.name, o.arguments) for o in plain_items]
-    assert items and items[0]["pieces"] > 1
-    assert [o.arguments for o in final.output if o.type == "function_call"] == [c["arguments"] for c in items]
+    check_responses_stream_is_plain(client, **rkwargs)
 
     mkwargs: dict[str, Any] = dict(model=SERVED_NAME, max_tokens=160, messages=ASK, tools=ANTHROPIC_TOOLS,
                                    tool_choice={"type": "tool", "name": "get_forecast"}, extra_body={"temperature": 0})
