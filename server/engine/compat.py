@@ -120,6 +120,43 @@ def patch_engine_process() -> None:
 
     if os.environ.get(ENGINE_PROCESS_ENV) == "1":
         skip_cpu_warmup_without_compilation()
+        sample_eagerly_on_cpu()
+
+
+def sample_eagerly_on_cpu() -> None:
+    """Random sampling without `torch.compile` on a CPU engine.
+
+    vLLM 0.26's CPU sampler draws every batch with a request that has no seed of its own through
+    `compiled_random_sample`, a `torch.compile`d softmax / exponential / argmax: the first such
+    batch of each engine process traces and compiles it, seconds on 2 cores even with a warm
+    inductor cache, and that lands on the first request after every engine start or reload
+    (temperature 1 with no seed is the API's default). The same four operations run eagerly
+    here. The compile worked around zeros from the eager CPU `exponential_` (pytorch#151218);
+    the torch that 0.26 runs with (2.11) draws none. vLLM 0.32's CPU sampler draws Gumbel noise
+    without compiling anything, so nothing changes there, and nothing on a GPU.
+    """
+    import vllm
+
+    if not vllm.__version__.startswith("0.26."):
+        return
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    if getattr(topk_topp_sampler.compiled_random_sample, "gateway_eager", False):
+        return
+
+    def random_sample_eagerly(logits: torch.Tensor) -> torch.Tensor:
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        q = torch.empty_like(probs)
+        q.exponential_()
+        return probs.div(q).argmax(dim=-1).view(-1)
+
+    random_sample_eagerly.gateway_eager = True  # type: ignore[attr-defined]
+    topk_topp_sampler.compiled_random_sample = random_sample_eagerly
 
 
 def skip_cpu_warmup_without_compilation() -> None:

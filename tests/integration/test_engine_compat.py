@@ -82,3 +82,32 @@ def test_async_llm_has_what_the_seam_uses() -> None:
     for attribute in ("self.output_processor", "self.output_handler", "self.model_config"):
         assert attribute in init, attribute
     assert callable(OutputProcessor.get_num_unfinished_requests)
+
+
+def test_cpu_engines_of_0_26_sample_without_compiling() -> None:
+    """What `patch_engine_process` does to the sampler in a gateway's engine processes: on vLLM
+    0.26 on CPU, a batch without seeds is drawn eagerly (the compiled draw cost each engine's first
+    sampled request seconds), and still right: a token masked to -inf is never drawn and a
+    dominant one nearly always. On 0.32 the sampler is left as vLLM ships it."""
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    shipped = topk_topp_sampler.compiled_random_sample
+    try:
+        compat.sample_eagerly_on_cpu()
+        compat.sample_eagerly_on_cpu()  # applied once, however often vLLM loads the plugin
+        draw = topk_topp_sampler.compiled_random_sample
+        if not vllm.__version__.startswith("0.26."):
+            assert draw is shipped
+            return
+        assert draw is not shipped and getattr(draw, "gateway_eager", False)
+        assert not hasattr(draw, "_torchdynamo_orig_callable")  # not a torch.compile wrapper
+        torch.manual_seed(0)
+        logits = torch.full((64, 1000), -5.0)
+        logits[:, 7] = 5.0  # ~98% of the probability
+        logits[:, 8] = float("-inf")  # masked, as top-k/top-p leave it
+        tokens = torch.cat([draw(logits.clone()) for _ in range(50)])
+        assert tokens.shape == (3200,) and 8 not in tokens.tolist()
+        assert 0.95 < (tokens == 7).float().mean().item() < 1.0
+    finally:
+        topk_topp_sampler.compiled_random_sample = shipped

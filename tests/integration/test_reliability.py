@@ -14,20 +14,34 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import ServerProcess, descendants, start_gateway
+from tests.conftest import ServerProcess, descendants, start_gateway, wait_ready
 
 LIMIT = 16
 
 
 @pytest.fixture(scope="module")
-def limited(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    server = start_gateway(tmp_path_factory.mktemp("limited"), env={
-        "LLM_GATEWAY_LIMITS__MAX_IN_FLIGHT": str(LIMIT),
-        "LLM_GATEWAY_LIMITS__REQUEST_TIMEOUT_S": "20",
-        "LLM_GATEWAY_SERVER__DRAIN_TIMEOUT_S": "120",
-    })
-    yield server
-    server.stop()
+def launched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """The module's two gateways, started together (two engine starts at once take little longer
+    than one on 2 cores): `limited`, and a default one whose engine the last test kills."""
+    tmp = tmp_path_factory.mktemp("reliability")
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name, env in {"limited": {"LLM_GATEWAY_LIMITS__MAX_IN_FLIGHT": str(LIMIT),
+                                      "LLM_GATEWAY_LIMITS__REQUEST_TIMEOUT_S": "20",
+                                      "LLM_GATEWAY_SERVER__DRAIN_TIMEOUT_S": "120"},
+                          "doomed": None}.items():
+            (tmp / name).mkdir()
+            servers[name] = start_gateway(tmp / name, env=env, wait=False)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def limited(launched: dict[str, ServerProcess]) -> ServerProcess:
+    wait_ready(launched["limited"])
+    return launched["limited"]
 
 
 def wait_engine_idle(server: ServerProcess, timeout: float = 10.0) -> dict:
@@ -177,8 +191,9 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(limited: ServerProcess) -
     assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def test_engine_death_fails_requests_and_exits_nonzero(model_dir: Path, tmp_path: Path) -> None:
-    server = start_gateway(tmp_path)
+def test_engine_death_fails_requests_and_exits_nonzero(launched: dict[str, ServerProcess]) -> None:
+    server = launched["doomed"]
+    wait_ready(server)
     try:
         outcomes: list[int | str] = []
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import threading
@@ -22,13 +23,14 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway_with_own_config
+from tests.conftest import CONFIG, ServerProcess, descendants, engine_core_processes, start_gateway
 
 pytestmark = pytest.mark.timing  # every test here bounds a detection time
 
 SHORT_STALL_S = 6.0  # the stall test's gateway only decodes: engine steps of ~0.1 s on a quiet machine
-LONG_PROMPT = 4000  # tokens: one prompt is one engine step (max_num_batched_tokens 4096)
-PREFILLS = 6  # long prompts sent at once: the last answer waits for all their steps
+STEP_TOKENS = 1024  # the module's engine's max_num_batched_tokens: a long prefill step of ~1-2 s here
+LONG_PROMPT = 1000  # tokens: one prompt is one engine step
+PREFILLS = 6  # long prompts sent at once (at least): the last answer waits for all their steps
 PREFILL_STALL_STEPS = 4  # the timeout in steps: above any one step even if the machine slows 4x
 
 
@@ -86,7 +88,12 @@ def watched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     from engine steps it measures itself (a fixed timeout would either not be close to a step here
     or trip on a slower machine). The last test stalls it."""
     def start() -> tuple[ServerProcess, Path]:
-        return start_gateway_with_own_config(tmp_path_factory.mktemp("stall"))
+        tmp = tmp_path_factory.mktemp("stall")
+        profile = yaml.safe_load(CONFIG.read_text())
+        profile["engine"]["max_num_batched_tokens"] = STEP_TOKENS
+        config = tmp / "profile.yaml"
+        config.write_text(yaml.safe_dump(profile))
+        return start_gateway(tmp, config=config), config
 
     server, config = start()
     watched = Watched(server, config, None, start)
@@ -208,9 +215,9 @@ def test_a_stop_shorter_than_the_timeout_is_not_a_stall(watched: Watched) -> Non
 
 
 def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
-    """Fresh 4,000-token prompts at once: each is one engine step of about a quarter of the
-    timeout, without any output, and the last answer waits for all of them, longer than the
-    timeout, while the engine reports every step.
+    """Fresh 1,000-token prompts at once: each is one engine step (the module's engine takes at
+    most STEP_TOKENS a step) of about a quarter of the timeout, without any output, and the last
+    answer waits for all of them, longer than the timeout, while the engine reports every step.
 
     The timeout is set from a step measured just before (a shared machine's speed drifts over a
     module). If the machine then sped up so much that the last answer came within the timeout,
@@ -220,11 +227,13 @@ def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
     rng = random.Random(7)
     for attempt in range(2):
         step_s = prefill_s(server, fresh_prompt(rng))
-        stall_s = watched.set_stall_timeout(round(max(10.0, PREFILL_STALL_STEPS * step_s), 1))
-        answers, health_seen = prefills_at_once(server, [fresh_prompt(rng) for _ in range(PREFILLS)])
-        assert len(answers) == PREFILLS, server.log()[-3000:]
-        print(f"engine step of one 4,000-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
-              f"{PREFILLS} at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
+        stall_s = watched.set_stall_timeout(round(max(SHORT_STALL_S, PREFILL_STALL_STEPS * step_s), 1))
+        # enough steps to outlast the timeout by half again, where the floor sets it (a fast machine)
+        prefills = min(30, max(PREFILLS, math.ceil(1.5 * stall_s / step_s)))
+        answers, health_seen = prefills_at_once(server, [fresh_prompt(rng) for _ in range(prefills)])
+        assert len(answers) == prefills, server.log()[-3000:]
+        print(f"engine step of one {LONG_PROMPT}-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
+              f"{prefills} at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
         assert set(health_seen) == {200}
         if max(answers) > stall_s:
             break
