@@ -34,8 +34,13 @@ PREFILLS = 6  # long prompts sent at once (at least): the last answer waits for 
 PREFILL_STALL_STEPS = 4  # the timeout in steps: above any one step even if the machine slows 4x
 
 
-def fresh_prompt(rng: random.Random) -> list[int]:
-    return [rng.randrange(1000, 40000) for _ in range(LONG_PROMPT)]  # no prefix-cache hits
+# One stream of prompts for the whole module: with --timing-rounds a test runs again on the same
+# engine, and a prompt drawn again would be a prefix-cache hit, a step that does no work.
+PROMPTS = random.Random(7)
+
+
+def fresh_prompt() -> list[int]:
+    return [PROMPTS.randrange(1000, 40000) for _ in range(LONG_PROMPT)]  # no prefix-cache hits
 
 
 def prefill_s(server: ServerProcess, prompt: list[int]) -> float:
@@ -224,13 +229,12 @@ def test_long_prefills_are_not_a_stall(watched: Watched) -> None:
     the check was not real: it runs once more on a new measurement."""
     server = watched.alive()
     watched.set_stall_timeout(0)  # off while one step is measured (an earlier test left it short)
-    rng = random.Random(7)
     for attempt in range(2):
-        step_s = prefill_s(server, fresh_prompt(rng))
+        step_s = prefill_s(server, fresh_prompt())
         stall_s = watched.set_stall_timeout(round(max(SHORT_STALL_S, PREFILL_STALL_STEPS * step_s), 1))
         # enough steps to outlast the timeout by half again, where the floor sets it (a fast machine)
         prefills = min(30, max(PREFILLS, math.ceil(1.5 * stall_s / step_s)))
-        answers, health_seen = prefills_at_once(server, [fresh_prompt(rng) for _ in range(prefills)])
+        answers, health_seen = prefills_at_once(server, [fresh_prompt() for _ in range(prefills)])
         assert len(answers) == prefills, server.log()[-3000:]
         print(f"engine step of one {LONG_PROMPT}-token prefill: {step_s:.1f} s; timeout {stall_s} s; "
               f"{prefills} at once: first answer {min(answers):.1f} s, last {max(answers):.1f} s")
