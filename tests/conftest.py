@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
@@ -209,10 +210,16 @@ def start_gateway(
     return server
 
 
-def start_gateway_with_own_config(tmp_dir: Path) -> tuple[ServerProcess, Path]:
-    """A gateway on a private copy of the CPU profile, which the test may edit (then SIGHUP)."""
+def start_gateway_with_own_config(tmp_dir: Path, engine: dict[str, object] | None = None) -> tuple[ServerProcess, Path]:
+    """A gateway on a private copy of the CPU profile, which the test may edit (then SIGHUP);
+    `engine` overrides fields of its engine section."""
     config = tmp_dir / "profile.yaml"
-    shutil.copy(CONFIG, config)
+    if engine:
+        profile = yaml.safe_load(CONFIG.read_text())
+        profile["engine"].update(engine)
+        config.write_text(yaml.safe_dump(profile))
+    else:
+        shutil.copy(CONFIG, config)
     return start_gateway(tmp_dir, config=config), config
 
 

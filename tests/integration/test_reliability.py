@@ -21,8 +21,9 @@ LIMIT = 16
 
 @pytest.fixture(scope="module")
 def launched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
-    """The module's two gateways, started together (two engine starts at once take little longer
-    than one on 2 cores): `limited`, and a default one whose engine the last test kills."""
+    """The module's two gateways, started together so that the engine-death test does not wait for
+    a start of its own (here the pair was ready in 36-41 s, one alone in 21-23 s): `limited`, and
+    a default one whose engine the last test kills."""
     tmp = tmp_path_factory.mktemp("reliability")
     servers: dict[str, ServerProcess] = {}
     try:

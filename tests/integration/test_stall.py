@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import CONFIG, ServerProcess, descendants, engine_core_processes, start_gateway
+from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway_with_own_config
 
 pytestmark = pytest.mark.timing  # every test here bounds a detection time
 
@@ -93,12 +93,8 @@ def watched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     from engine steps it measures itself (a fixed timeout would either not be close to a step here
     or trip on a slower machine). The last test stalls it."""
     def start() -> tuple[ServerProcess, Path]:
-        tmp = tmp_path_factory.mktemp("stall")
-        profile = yaml.safe_load(CONFIG.read_text())
-        profile["engine"]["max_num_batched_tokens"] = STEP_TOKENS
-        config = tmp / "profile.yaml"
-        config.write_text(yaml.safe_dump(profile))
-        return start_gateway(tmp, config=config), config
+        return start_gateway_with_own_config(tmp_path_factory.mktemp("stall"),
+                                             engine={"max_num_batched_tokens": STEP_TOKENS})
 
     server, config = start()
     watched = Watched(server, config, None, start)
