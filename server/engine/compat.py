@@ -123,6 +123,17 @@ def patch_engine_process() -> None:
         sample_eagerly_on_cpu()
 
 
+def _cpu_engine_of_vllm_026() -> bool:
+    """Where the two patches below act: vLLM 0.26 on the CPU platform."""
+    import vllm
+
+    if not vllm.__version__.startswith("0.26."):
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 def sample_eagerly_on_cpu() -> None:
     """Random sampling without `torch.compile` on a CPU engine.
 
@@ -135,13 +146,7 @@ def sample_eagerly_on_cpu() -> None:
     the torch that 0.26 runs with (2.11) draws none. vLLM 0.32's CPU sampler draws Gumbel noise
     without compiling anything, so nothing changes there, and nothing on a GPU.
     """
-    import vllm
-
-    if not vllm.__version__.startswith("0.26."):
-        return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if not _cpu_engine_of_vllm_026():
         return
     import torch
     from vllm.v1.sample.ops import topk_topp_sampler
@@ -168,13 +173,7 @@ def skip_cpu_warmup_without_compilation() -> None:
     of an engine start. vLLM 0.32's runner returns early when the compilation mode is NONE; this
     gives 0.26's the same early return. Nothing on a GPU changes (its runner is another class).
     """
-    import vllm
-
-    if not vllm.__version__.startswith("0.26."):
-        return
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
+    if not _cpu_engine_of_vllm_026():
         return
     from vllm.config import CompilationMode
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
