@@ -215,6 +215,46 @@ def test_required_named_and_any_call_a_tool_ten_times_of_ten(gemma: tuple[Server
             assert uses and uses[0]["name"] == "get_weather", (choice, seed, r.json())
 
 
+def test_the_anthropic_sdk_create_stream_and_a_two_turn_tool_loop(gemma: tuple[ServerProcess, str]) -> None:
+    """Issue 39 on the GPU, through the anthropic SDK (the device bundle's release): `messages.create`,
+    `messages.stream()` to the end, and a two-turn tool loop whose first turn is forced to a tool
+    with bounded arguments (random weights write text that may not end) and whose second carries
+    the call and its result back into the prompt."""
+    import anthropic
+
+    server, _ = gemma
+    model = httpx.get(server.base_url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    greedy = {"temperature": 0}
+    plain = client.messages.create(model=model, max_tokens=24, messages=ask, extra_body=greedy)
+    assert plain.type == "message" and plain.role == "assistant" and plain.id.startswith("msg_"), plain
+    assert plain.stop_reason in ("end_turn", "max_tokens") and 0 < plain.usage.output_tokens <= 24, plain
+    kinds = []
+    with client.messages.stream(model=model, max_tokens=24, messages=ask, extra_body=greedy) as stream:
+        for event in stream:
+            kinds.append(event.type)
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+    assert final.usage.input_tokens == plain.usage.input_tokens and 0 < final.usage.output_tokens <= 24, final
+    tool = {"name": "get_forecast", "description": FORECAST["function"]["description"],
+            "input_schema": FORECAST["function"]["parameters"]}
+    messages: list[dict] = list(ask)
+    first = client.messages.create(model=model, max_tokens=64, messages=messages, tools=[tool],
+                                   tool_choice={"type": "tool", "name": "get_forecast"}, extra_body=greedy)
+    [call] = [b for b in first.content if b.type == "tool_use"]
+    assert call.name == "get_forecast" and call.input["city"] in ("Paris", "Rome"), first
+    assert isinstance(call.input["days"], int) and first.stop_reason == "tool_use", first
+    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                               "content": "Sunny, 24 degrees Celsius."}]}]
+    second = client.messages.create(model=model, max_tokens=16, messages=messages, tools=[tool],
+                                    tool_choice={"type": "none"}, extra_body=greedy)
+    assert second.stop_reason in ("end_turn", "max_tokens"), second
+    assert all(b.type == "text" for b in second.content), second
+    assert second.usage.input_tokens > first.usage.input_tokens + 10, (first.usage, second.usage)
+
+
 # Gemma 4's reasoning channel, forced the same way (JSON strings hold no raw newline, so no
 # "thought\n" prefix): `reasoning_parser: gemma4` must move it out of the content.
 FORCED_THOUGHT = {"type": "json_schema", "json_schema": {"name": "thought", "schema": {
