@@ -296,8 +296,9 @@ def test_two_instances_share_the_traffic(
 @pytest.fixture(scope="module")
 def spares(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
     """The two instances the last tests here take out of service, one stopped (`leaving`) and one
-    stalled (`stalling`, a 6 s stall timeout), started together: two engine starts at once take
-    little longer than one on 2 cores."""
+    stalled (`stalling`, a 6 s stall timeout), started together: on 2 cores an engine start is
+    mostly CPU-bound imports, so the pair is ready a few seconds sooner than one after the other,
+    not in the time of one."""
     from tests.conftest import start_gateway, wait_ready
 
     tmp = tmp_path_factory.mktemp("spares")
