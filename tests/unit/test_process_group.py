@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from server.engine import compat
-from server.runner import process_group
+from server.runner import engine_exit, process_group
 from server.runner.process_group import GATEWAY_PID_ENV, lead_own_group_if_engine_process
 
 
@@ -49,7 +49,8 @@ def test_other_processes_keep_their_group(env_value: str | None) -> None:
 def test_the_hook_is_registered_as_a_vllm_plugin(monkeypatch: pytest.MonkeyPatch) -> None:
     hooks = {ep.name: ep.load() for ep in entry_points(group="vllm.general_plugins") if ep.value.startswith("server.")}
     assert hooks == {"llm_gateway_process_group": process_group.lead_own_group_if_engine_process,
-                     "llm_gateway_engine_compat": compat.patch_engine_process}
+                     "llm_gateway_engine_compat": compat.patch_engine_process,
+                     "llm_gateway_engine_exit": engine_exit.end_spawned_engine_process_without_teardown}
     monkeypatch.delenv(GATEWAY_PID_ENV, raising=False)
     process_group.isolate_engine_processes()
     assert os.environ[GATEWAY_PID_ENV] == str(os.getpid())

@@ -1,0 +1,59 @@
+"""vLLM's spawned engine processes end without the interpreter's teardown.
+
+On the CPU, vLLM starts its engine core and its worker with multiprocessing's `spawn`. When one of
+them ends, its work is done by the time `multiprocessing.spawn.spawn_main` calls `sys.exit(code)`:
+the process body has returned, multiprocessing has run its finalizers, joined its threads and
+flushed stdio. What is left is the interpreter tearing down torch's, transformers' and vLLM's
+modules, about 1.6 s a process on 2 cores, and every engine stop pays it twice in a row (the worker,
+then the engine core, which waits for the worker). So every reload and every `systemctl stop`
+waited for it. The hook here ends such a process at that point the way a forked one already ends
+(multiprocessing's fork start calls `os._exit`): the atexit handlers run (logging flushes its
+handlers), stdio is flushed, then `os._exit` with the same exit status.
+
+It acts only in the processes the serving gateway started (as `process_group` does), and only on
+the `sys.exit` that `spawn_main` makes: any other `sys.exit` raises SystemExit as usual.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing.spawn
+import os
+import sys
+from typing import Any
+
+from server.runner.process_group import GATEWAY_PID_ENV
+
+
+def _exit_status(status: Any) -> int:
+    """The process exit status `sys.exit(status)` would give (None: 0; an int; else printed, 1)."""
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    with contextlib.suppress(Exception):
+        print(status, file=sys.stderr)
+    return 1
+
+
+def end_spawned_engine_process_without_teardown() -> None:
+    """The `vllm.general_plugins` hook (pyproject), run early in each vLLM process."""
+    gateway = os.environ.get(GATEWAY_PID_ENV)
+    if not gateway or gateway == str(os.getpid()) or getattr(sys.exit, "_llm_gateway", False):
+        return
+    spawn_main = multiprocessing.spawn.spawn_main.__code__
+    system_exit = sys.exit
+
+    def exit(status: Any = None) -> None:  # noqa: A001 - replaces sys.exit
+        if sys._getframe(1).f_code is not spawn_main:
+            system_exit(status)
+        code = _exit_status(status)
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    exit._llm_gateway = True  # type: ignore[attr-defined]
+    sys.exit = exit  # type: ignore[assignment]
