@@ -121,10 +121,11 @@ def patch_engine_process() -> None:
     if os.environ.get(ENGINE_PROCESS_ENV) == "1":
         skip_cpu_warmup_without_compilation()
         sample_eagerly_on_cpu()
+        rank_logprobs_eagerly_on_cpu()
 
 
 def _cpu_engine_of_vllm_026() -> bool:
-    """Where the two patches below act: vLLM 0.26 on the CPU platform."""
+    """Where the two 0.26 patches act: vLLM 0.26 on the CPU platform."""
     import vllm
 
     if not vllm.__version__.startswith("0.26."):
@@ -162,6 +163,38 @@ def sample_eagerly_on_cpu() -> None:
 
     random_sample_eagerly.gateway_eager = True  # type: ignore[attr-defined]
     topk_topp_sampler.compiled_random_sample = random_sample_eagerly
+
+
+def rank_logprobs_eagerly_on_cpu() -> None:
+    """The rank of each logprob's token counted without `torch.compile` on a CPU engine.
+
+    vLLM's sampler (0.26 and 0.32) counts a token's rank with `batched_count_greater_than`, a
+    `torch.compile`d `(x >= values).sum(-1)` (inductor on every platform): compiled so that a GPU
+    does not hold a batch x vocabulary comparison in memory. On the CPU the first request with
+    `logprobs` of each engine process traced and compiled it, after every engine start or reload:
+    that request took 12.4 s on 0.32 and 24.1 s on 0.26 (0.5 s after it) on 2 quiet cores, and
+    16 s and 39 s in CI runs; eager, the first takes 0.5 s too. The same expression runs eagerly here; its mask is
+    one byte per vocabulary entry per sequence (a few MB for the embedded model at 64
+    sequences). The count is an integer, the same either way. Nothing on a GPU changes.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    import torch
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    if getattr(sampler.batched_count_greater_than, "gateway_eager", False):
+        return
+
+    def batched_count_greater_than(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return (x >= values).sum(-1)
+
+    batched_count_greater_than.gateway_eager = True  # type: ignore[attr-defined]
+    # The sampler imported the name: both bindings are replaced.
+    logprobs.batched_count_greater_than = batched_count_greater_than
+    sampler.batched_count_greater_than = batched_count_greater_than
 
 
 def skip_cpu_warmup_without_compilation() -> None:

@@ -84,6 +84,32 @@ def test_async_llm_has_what_the_seam_uses() -> None:
     assert callable(OutputProcessor.get_num_unfinished_requests)
 
 
+def test_cpu_engines_rank_logprobs_without_compiling() -> None:
+    """What `patch_engine_process` does to the logprob ranks in a gateway's engine processes on
+    CPU (0.26 and 0.32): the sampler's `batched_count_greater_than` is no longer a
+    `torch.compile` wrapper (its first call compiled for 12-24 s), and counts the same."""
+    import torch
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs
+
+    shipped = sampler.batched_count_greater_than, logprobs.batched_count_greater_than
+    assert hasattr(shipped[0], "_torchdynamo_orig_callable")  # what vLLM ships: compiled
+    try:
+        compat.rank_logprobs_eagerly_on_cpu()
+        compat.rank_logprobs_eagerly_on_cpu()  # applied once, however often vLLM loads the plugin
+        count = sampler.batched_count_greater_than
+        assert count is logprobs.batched_count_greater_than and getattr(count, "gateway_eager", False)
+        assert not hasattr(count, "_torchdynamo_orig_callable")
+        x = torch.tensor([[0.1, 0.5, 0.5, -1.0], [3.0, 2.0, 1.0, 0.0]])
+        values = torch.tensor([[0.5], [0.0]])
+        assert count(x, values).tolist() == [2, 4]  # a rank counts the token and every one at least as likely
+        x = torch.randn(64, 1000)
+        values = x[:, :1]
+        assert torch.equal(count(x, values), (x >= values).sum(-1))
+    finally:
+        sampler.batched_count_greater_than, logprobs.batched_count_greater_than = shipped
+
+
 def test_cpu_engines_of_0_26_sample_without_compiling() -> None:
     """What `patch_engine_process` does to the sampler in a gateway's engine processes: on vLLM
     0.26 on CPU, a batch without seeds is drawn eagerly (the compiled draw cost each engine's first
