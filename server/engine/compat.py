@@ -173,9 +173,9 @@ def rank_logprobs_eagerly_on_cpu() -> None:
     does not hold a batch x vocabulary comparison in memory. On the CPU the first request with
     `logprobs` of each engine process traced and compiled it, after every engine start or reload:
     that request took 12.4 s on 0.32 and 24.1 s on 0.26 (0.5 s after it) on 2 quiet cores, and
-    16 s and 39 s in CI runs; eager, the first takes 0.5 s too. The same expression runs eagerly here; its mask is
-    one byte per vocabulary entry per sequence (a few MB for the embedded model at 64
-    sequences). The count is an integer, the same either way. Nothing on a GPU changes.
+    16 s and 39 s in CI runs; eager, the first takes 0.5 s too. The same expression runs eagerly
+    here; its mask is one byte per vocabulary entry per sequence (a few MB for the embedded model
+    at 64 sequences). The count is an integer, the same either way. Nothing on a GPU changes.
     """
     from vllm.platforms import current_platform
 

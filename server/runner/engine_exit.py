@@ -23,37 +23,25 @@ import os
 import sys
 from typing import Any
 
-from server.runner.process_group import GATEWAY_PID_ENV
-
-
-def _exit_status(status: Any) -> int:
-    """The process exit status `sys.exit(status)` would give (None: 0; an int; else printed, 1)."""
-    if status is None:
-        return 0
-    if isinstance(status, int):
-        return status & 0xFF
-    with contextlib.suppress(Exception):
-        print(status, file=sys.stderr)
-    return 1
+from server.runner.process_group import started_by_the_gateway
 
 
 def end_spawned_engine_process_without_teardown() -> None:
     """The `vllm.general_plugins` hook (pyproject), run early in each vLLM process."""
-    gateway = os.environ.get(GATEWAY_PID_ENV)
-    if not gateway or gateway == str(os.getpid()) or getattr(sys.exit, "_llm_gateway", False):
+    if not started_by_the_gateway() or getattr(sys.exit, "_llm_gateway", False):
         return
     spawn_main = multiprocessing.spawn.spawn_main.__code__
     system_exit = sys.exit
 
     def exit(status: Any = None) -> None:  # noqa: A001 - replaces sys.exit
-        if sys._getframe(1).f_code is not spawn_main:
+        # spawn_main passes the int multiprocessing's bootstrap returned; anything else exits as usual
+        if sys._getframe(1).f_code is not spawn_main or not isinstance(status, int):
             system_exit(status)
-        code = _exit_status(status)
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(code)
+        os._exit(status & 0xFF)
 
     exit._llm_gateway = True  # type: ignore[attr-defined]
     sys.exit = exit  # type: ignore[assignment]

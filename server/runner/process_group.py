@@ -30,10 +30,14 @@ def isolate_engine_processes() -> None:
     os.environ[GATEWAY_PID_ENV] = str(os.getpid())
 
 
-def lead_own_group_if_engine_process() -> None:
-    """The vLLM plugin hook: in a process the gateway started (its engine core or a worker), lead
-    a new process group."""
+def started_by_the_gateway() -> bool:
+    """Whether this process is one the serving gateway started (its engine core or a worker)."""
     gateway = os.environ.get(GATEWAY_PID_ENV)
-    if gateway and gateway != str(os.getpid()):
+    return bool(gateway) and gateway != str(os.getpid())
+
+
+def lead_own_group_if_engine_process() -> None:
+    """The vLLM plugin hook: in a process the gateway started, lead a new process group."""
+    if started_by_the_gateway():
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)

@@ -49,34 +49,28 @@ def _child(path: str, status: object) -> None:
         raise SystemExit(status)
 
 
-def _run(tmp_path: Path, status: object, gateway_pid: str | None) -> tuple[int | None, list[str]]:
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: object,
+         gateway_pid: str | None) -> tuple[int | None, list[str]]:
     path = tmp_path / "notes"
-    saved = os.environ.get(GATEWAY_PID_ENV)
     if gateway_pid is None:
-        os.environ.pop(GATEWAY_PID_ENV, None)
+        monkeypatch.delenv(GATEWAY_PID_ENV, raising=False)
     else:
-        os.environ[GATEWAY_PID_ENV] = gateway_pid
-    try:
-        child = multiprocessing.get_context("spawn").Process(target=_child, args=(str(path), status))
-        child.start()
-        child.join(120)
-    finally:
-        if saved is None:
-            os.environ.pop(GATEWAY_PID_ENV, None)
-        else:
-            os.environ[GATEWAY_PID_ENV] = saved
+        monkeypatch.setenv(GATEWAY_PID_ENV, gateway_pid)
+    child = multiprocessing.get_context("spawn").Process(target=_child, args=(str(path), status))
+    child.start()
+    child.join(120)
     return child.exitcode, path.read_text().splitlines()
 
 
 @pytest.mark.parametrize("status,code", [(None, 0), (3, 3), ("a message", 1)])
 def test_a_spawned_engine_process_ends_with_its_status_and_atexit_handlers(
-        tmp_path: Path, status: object, code: int) -> None:
-    exitcode, notes = _run(tmp_path, status, gateway_pid=str(os.getpid()))
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: object, code: int) -> None:
+    exitcode, notes = _run(tmp_path, monkeypatch, status, gateway_pid=str(os.getpid()))
     assert exitcode == code
     assert notes == ["hooked=True", "inner exit raised 7", "atexit ran"]  # and no teardown
 
 
-def test_processes_the_gateway_did_not_start_are_left_alone(tmp_path: Path) -> None:
-    exitcode, notes = _run(tmp_path, 3, gateway_pid=None)
+def test_processes_the_gateway_did_not_start_are_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    exitcode, notes = _run(tmp_path, monkeypatch, 3, gateway_pid=None)
     assert exitcode == 3
     assert notes == ["hooked=False", "inner exit raised 7", "atexit ran", "teardown ran"]
