@@ -21,6 +21,8 @@ import httpx
 import pytest
 import yaml
 
+from server.engine.runtime import ENGINE_PROCESS_ENV, SAME_ANSWERS_ONLY
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
 STATE_DIR = ROOT / ".state"
@@ -275,6 +277,11 @@ def launch_vllm_reference(model_dir: Path, tmp: Path) -> ServerProcess:
         "VLLM_CACHE_ROOT": str(tmp / "cache"),
         "VLLM_RPC_BASE_PATH": str(tmp / "run"),
         "TMPDIR": str(tmp / "tmp"),
+        # Starts and ranks logprobs as fast as the gateway's engine (vLLM 0.26's CPU runner would
+        # otherwise run a 4096-token dummy forward that compiles nothing, a minute of both cores
+        # under the tests it overlaps, and each version compiles the rank count at the first
+        # logprobs request) and answers as vLLM alone: not the gateway's eager sampler.
+        ENGINE_PROCESS_ENV: SAME_ANSWERS_ONLY,
     }
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

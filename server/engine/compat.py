@@ -113,15 +113,18 @@ def structured_outputs_fields(params: Any) -> dict[str, Any] | None:
 def patch_engine_process() -> None:
     """The `vllm.general_plugins` hook (pyproject): vLLM runs it early in each of its processes.
     In an engine process the gateway started, it applies the differences below that must act
-    inside vLLM's own processes; elsewhere (`vllm serve` in the same environment) nothing."""
+    inside vLLM's own processes; elsewhere (`vllm serve` in the same environment) nothing, unless
+    that server asked for the ones that change no answer (`runtime.SAME_ANSWERS_ONLY`)."""
     import os
 
-    from server.engine.runtime import ENGINE_PROCESS_ENV
+    from server.engine.runtime import ENGINE_PROCESS_ENV, SAME_ANSWERS_ONLY
 
-    if os.environ.get(ENGINE_PROCESS_ENV) == "1":
+    mode = os.environ.get(ENGINE_PROCESS_ENV)
+    if mode in ("1", SAME_ANSWERS_ONLY):
         skip_cpu_warmup_without_compilation()
-        sample_eagerly_on_cpu()
         rank_logprobs_eagerly_on_cpu()
+    if mode == "1":
+        sample_eagerly_on_cpu()
 
 
 def _cpu_engine_of_vllm_026() -> bool:

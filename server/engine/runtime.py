@@ -88,8 +88,14 @@ def engine_runtime_dirs(state_dir: Path) -> dict[str, Path]:
 
 
 ENGINE_PROCESS_ENV = "LLM_GATEWAY_ENGINE_PROCESS"
-"""Set in the gateway before its engine starts, so inherited by vLLM's engine processes: the
-plugin hook of `server.engine.compat` acts only where it is set (not in `vllm serve`)."""
+"""Set to "1" in the gateway before its engine starts, so inherited by vLLM's engine processes:
+the plugin hook of `server.engine.compat` acts only where it is set (not in `vllm serve`)."""
+
+SAME_ANSWERS_ONLY = "same-answers-only"
+"""`ENGINE_PROCESS_ENV`'s value for a `vllm serve` that should start and run as fast as the
+gateway's engine but answer exactly as vLLM alone would (the tests' parity reference): the
+patches that change no answer apply (the skipped eager-mode warm-up, logprob ranks counted by the
+same expression uncompiled), not the eager sampler, whose random draws differ from vLLM's."""
 
 
 def prepare_engine_environment(settings: Settings) -> Path:

@@ -137,3 +137,40 @@ def test_cpu_engines_of_0_26_sample_without_compiling() -> None:
         assert 0.95 < (tokens == 7).float().mean().item() < 1.0
     finally:
         topk_topp_sampler.compiled_random_sample = shipped
+
+
+@pytest.mark.parametrize("mode", ["same-answers-only", None])
+def test_a_vllm_serve_beside_the_gateway_gets_at_most_the_patches_that_change_no_answer(
+        mode: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests' `vllm serve` reference asks for the patches that change no answer alone
+    (`SAME_ANSWERS_ONLY`): vLLM 0.26's CPU runner skips its eager-mode dummy forward and logprob
+    ranks are counted by the same expression uncompiled, as in the gateway's engine, while the
+    sampler stays as vLLM ships it, so parity compares against vLLM's own draws. A `vllm serve`
+    that asks for nothing (the variable unset) gets nothing."""
+    from vllm.v1.sample import sampler
+    from vllm.v1.sample.ops import logprobs, topk_topp_sampler
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from server.engine.runtime import ENGINE_PROCESS_ENV, SAME_ANSWERS_ONLY
+
+    assert mode in (SAME_ANSWERS_ONLY, None)
+    shipped = (CPUModelRunner.warming_up_model, topk_topp_sampler.compiled_random_sample,
+               sampler.batched_count_greater_than, logprobs.batched_count_greater_than)
+    if mode is None:
+        monkeypatch.delenv(ENGINE_PROCESS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENGINE_PROCESS_ENV, mode)
+    try:
+        compat.patch_engine_process()
+        warm_up = CPUModelRunner.warming_up_model
+        skips = mode is not None and vllm.__version__.startswith("0.26.")
+        assert getattr(warm_up, "gateway_skips_eager", False) is skips
+        assert (warm_up is shipped[0]) is not skips
+        ranks = sampler.batched_count_greater_than
+        assert (ranks is shipped[2]) is (mode is None)
+        assert getattr(ranks, "gateway_eager", False) is (mode is not None)
+        assert logprobs.batched_count_greater_than is ranks
+        assert topk_topp_sampler.compiled_random_sample is shipped[1]
+    finally:
+        (CPUModelRunner.warming_up_model, topk_topp_sampler.compiled_random_sample,
+         sampler.batched_count_greater_than, logprobs.batched_count_greater_than) = shipped
