@@ -102,6 +102,16 @@ def requests_served(server: ServerProcess, route: str = "/v1/completions") -> fl
     return total
 
 
+def wait_each_served(servers: list[ServerProcess], before: list[float], timeout: float = 60) -> None:
+    """Until each instance behind nginx has answered a request more than `before` counted: a
+    fresh engine's first steps beside another engine's can take seconds on 2 loaded cores, so a
+    fixed sleep does not make sure that both serve."""
+    deadline = time.monotonic() + timeout
+    while any(requests_served(s) <= n for s, n in zip(servers, before)):
+        assert time.monotonic() < deadline, "not every instance served within the timeout"
+        time.sleep(0.2)
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -352,10 +362,11 @@ def test_stopping_one_instance_loses_no_request(tmp_path: Path, gateway: ServerP
 
     clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
     streamer = threading.Thread(target=stream_on_leaving)
+    served = [requests_served(gateway), requests_served(leaving)]
     try:
         for t in clients:
             t.start()
-        time.sleep(3)  # both instances serve traffic
+        wait_each_served([gateway, leaving], served)
         streamer.start()
         time.sleep(0.5)  # the stream is generating on the leaving instance
         leaving.proc.send_signal(signal.SIGTERM)
@@ -412,10 +423,11 @@ def test_a_stalled_instance_loses_no_request_after_detection(tmp_path: Path, gat
             stop.wait(0.6)  # well under the site's 10 requests/s per client address
 
     clients = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    served = [requests_served(gateway), requests_served(stalling)]
     try:
         for t in clients:
             t.start()
-        time.sleep(3)  # both instances serve traffic
+        wait_each_served([gateway, stalling], served)
         for core in cores:
             core.suspend()
         stopped_at = time.monotonic()
