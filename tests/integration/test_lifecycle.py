@@ -96,6 +96,10 @@ def test_layers_shutdown_and_no_leftovers(launched: dict[str, Launched]) -> None
         assert r.status_code == 200
         children = descendants(server.proc.pid)
         assert children, "vLLM runs its engine core in child processes"
+        names = [psutil.Process(pid).name() for pid in children if psutil.pid_exists(pid)]
+        # The CPU profile keeps vLLM's worker inside the engine-core process: one spawned vLLM
+        # process per engine, not two (each imports torch and vLLM again).
+        assert any("EngineCor" in n for n in names) and not any("Worker" in n for n in names), names
         sockets = list((private_state / "run").rglob("*"))
         assert any(p.is_socket() for p in sockets)
     finally:
