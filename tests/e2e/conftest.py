@@ -34,6 +34,17 @@ SNIPPET_INSTALL_PATH = "/etc/nginx/snippets/llm-gateway-proxy.conf"
 SNIPPET_INCLUDE = f"include {SNIPPET_INSTALL_PATH};"
 
 
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
+    """`predicate()` again every `interval` s until it returns something true or `timeout` s
+    passed; returns its last result (falsy on timeout), so the caller's assert says what failed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(interval)
+
+
 def nginx_binary() -> str:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
     if not found:

@@ -27,6 +27,7 @@ from tests.e2e.conftest import (
     nginx_test,
     port_of,
     start_nginx,
+    wait_for,
     write_wrapper,
 )
 
@@ -106,10 +107,10 @@ def wait_each_served(servers: list[ServerProcess], before: list[float], timeout:
     """Until each instance behind nginx has answered a request more than `before` counted: a
     fresh engine's first steps beside another engine's can take seconds on 2 loaded cores, so a
     fixed sleep does not make sure that both serve."""
-    deadline = time.monotonic() + timeout
-    while any(requests_served(s) <= n for s, n in zip(servers, before)):
-        assert time.monotonic() < deadline, "not every instance served within the timeout"
-        time.sleep(0.2)
+    def each_served() -> bool:
+        return all(requests_served(s) > n for s, n in zip(servers, before))
+
+    assert wait_for(each_served, timeout, interval=0.2), "not every instance served within the timeout"
 
 
 # ------------------------------------------------------------------------------------------------

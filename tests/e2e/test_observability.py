@@ -30,6 +30,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, SERVED_NAME, free_port
+from tests.e2e.conftest import wait_for
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "llm-gateway.json"
@@ -164,15 +165,6 @@ def abandon_stream(base_url: str) -> None:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     break
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(interval)
 
 
 # ---------------------------------------------------------------------------------------------
