@@ -32,6 +32,7 @@ class SwapOutcome:
     pause_s: float  # generation paused, from pause to resume
     load_s: float  # the weight load alone (the failed one for a rollback)
     error: str | None = None
+    stop_s: float = 0.0  # of pause_s, the wait for the engine to stop (its step in progress, the cache cleared)
 
 
 async def prefetch(engine: Engine, path: str, timeout_s: float) -> None:
@@ -52,6 +53,7 @@ async def swap_weights(engine: Engine, new_path: str, old_path: str) -> SwapOutc
     paused = True
     try:
         t_load = time.monotonic()
+        stop_s = t_load - t_pause
         try:
             await engine.reload_weights(new_path)
             outcome, error = "success", None
@@ -69,7 +71,7 @@ async def swap_weights(engine: Engine, new_path: str, old_path: str) -> SwapOutc
         load_s = time.monotonic() - t_load
         await engine.resume_generation()
         paused = False
-        return SwapOutcome(outcome, time.monotonic() - t_pause, load_s, error)
+        return SwapOutcome(outcome, time.monotonic() - t_pause, load_s, error, stop_s)
     finally:
         if paused:  # cancelled, or resume itself raised: one more try, shielded from the cancel
             logger.warning("in-place reload interrupted: resuming the engine")
