@@ -472,8 +472,8 @@ class EngineHolder:
             slot.settings = self.settings = new_settings
             self.weights = candidate
         logger.info("in-place reload %s: generation paused %.3f s (engine stopped in %.3f s, weights loaded in "
-                    "%.3f s), %d request(s) kept, weights %s", swap.outcome, swap.pause_s, swap.stop_s, swap.load_s, kept,
-                    self.weights.identity() if self.weights else None)
+                    "%.3f s), %d request(s) kept, weights %s", swap.outcome, swap.pause_s, swap.stop_s,
+                    swap.load_s, kept, self.weights.identity() if self.weights else None)
         self._set_state(EngineState.DRAINING if self.closing else EngineState.SERVING)
         return ReloadResult(swap.outcome, "in-place", time.monotonic() - t0, aborted=aborted, error=swap.error,
                             pause_s=round(swap.pause_s, 3), kept=kept)
