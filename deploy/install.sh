@@ -3,10 +3,17 @@
 #
 #   sudo deploy/install.sh                   # one llm-gateway.service (GPU build, H200 profile)
 #   sudo deploy/install.sh --gpus 4          # llm-gateway@0..3, ports 8000..8003, one GPU each
+#   sudo deploy/install.sh --gpus 1 --replicas-per-gpu 2 --nginx   # two engines share GPU 0
 #   sudo deploy/install.sh --nginx           # also the nginx site (upstream filled for the ports)
 #
 # Options:
 #   --gpus N        one instance per GPU (llm-gateway@.service) instead of llm-gateway.service
+#   --replicas-per-gpu R
+#                   R instances per GPU (with --gpus): instance i on GPU i / R, port 8000 + i, each
+#                   with 1/R of the profile's gpu_memory_utilization; the instances of one GPU start
+#                   one after another (each engine checks the free memory when it starts). One engine
+#                   is bound by its own CPU work per step, so a second one on the same H200 adds
+#                   throughput; put nginx (--nginx) in front for one address
 #   --config FILE   profile installed as /etc/llm-gateway/config.yaml if that file does not exist
 #                   yet (default: configs/gemma4-e2b-h200.yaml)
 #   --device D      engine build to install: gpu (default) or cpu
@@ -31,6 +38,7 @@ PREFIX="${PREFIX:-/opt/llm-gateway}"
 PYTHON="${PYTHON:-python3}"
 DESTDIR="${DESTDIR:-}"
 GPUS=0
+REPLICAS=1
 CONFIG="$SRC/configs/gemma4-e2b-h200.yaml"
 DEVICE=gpu
 NGINX=0
@@ -41,6 +49,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}
 while [ $# -gt 0 ]; do
   case "$1" in
     --gpus) GPUS="$2"; shift 2 ;;
+    --replicas-per-gpu) REPLICAS="$2"; shift 2 ;;
     --config) CONFIG="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --nginx) NGINX=1; shift ;;
@@ -50,6 +59,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$GPUS" in ''|*[!0-9]*) echo "--gpus needs a number" >&2; exit 2 ;; esac
+case "$REPLICAS" in ''|0|*[!0-9]*) echo "--replicas-per-gpu needs a number >= 1" >&2; exit 2 ;; esac
+if [ "$REPLICAS" -gt 1 ] && [ "$GPUS" -eq 0 ]; then echo "--replicas-per-gpu needs --gpus N" >&2; exit 2; fi
+INSTANCES=$((GPUS * REPLICAS))
 case "$DEVICE" in gpu|cpu) ;; *) echo "--device must be gpu or cpu" >&2; exit 2 ;; esac
 [ -f "$CONFIG" ] || { echo "config not found: $CONFIG" >&2; exit 2; }
 if [ -z "$DESTDIR" ] && [ "$(id -u)" -ne 0 ]; then echo "run as root (or set DESTDIR to stage)" >&2; exit 1; fi
@@ -82,11 +94,31 @@ install_new 0640 "$CONFIG" /etc/llm-gateway/config.yaml
 install_new 0640 "$SRC/systemd/llm-gateway.env.example" /etc/llm-gateway/llm-gateway.env
 units=()
 if [ "$GPUS" -gt 0 ]; then
-  for ((i = 0; i < GPUS; i++)); do
+  # The profile's memory share, split between the replicas of one GPU.
+  share=$(sed -n 's/^ *gpu_memory_utilization: *\([0-9.]*\).*/\1/p' "$CONFIG" | head -1)
+  replica_share=$(awk -v s="${share:-0.90}" -v r="$REPLICAS" 'BEGIN { printf "%.2f", int(s / r * 100) / 100 }')
+  for ((i = 0; i < INSTANCES; i++)); do
+    gpu=$((i / REPLICAS))
     tmp="$(mktemp)"
-    printf '# llm-gateway@%d: GPU %d\nLLM_GATEWAY_SERVER__PORT=%d\n' "$i" "$i" "$((BASE_PORT + i))" > "$tmp"
+    {
+      printf '# llm-gateway@%d: GPU %d\nLLM_GATEWAY_SERVER__PORT=%d\nCUDA_VISIBLE_DEVICES=%d\n' "$i" "$gpu" "$((BASE_PORT + i))" "$gpu"
+      if [ "$REPLICAS" -gt 1 ]; then
+        printf '# one of %d engines on GPU %d: its share of the memory\n' "$REPLICAS" "$gpu"
+        printf 'LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION=%s\n' "$replica_share"
+      fi
+    } > "$tmp"
     install_new 0640 "$tmp" "/etc/llm-gateway/instance-$i.env"
     rm -f "$tmp"
+    if [ $((i % REPLICAS)) -gt 0 ]; then
+      # Started after the previous replica of its GPU is ready (Type=notify: READY=1), so each
+      # engine's memory check sees the other's memory already taken.
+      tmp="$(mktemp)"
+      printf '[Unit]\n# replica %d of GPU %d: start after the previous one is ready\nAfter=llm-gateway@%d.service\n' \
+        "$((i % REPLICAS))" "$gpu" "$((i - 1))" > "$tmp"
+      install -D -m 0644 "$tmp" "$DESTDIR/etc/systemd/system/llm-gateway@$i.service.d/10-replica.conf"
+      rm -f "$tmp"
+      echo "    /etc/systemd/system/llm-gateway@$i.service.d/10-replica.conf"
+    fi
     units+=("llm-gateway@$i.service")
   done
 else
@@ -109,7 +141,7 @@ if [ "$NGINX" -eq 1 ]; then
   if [ ! -e "$DESTDIR/etc/nginx/conf.d/llm-gateway.conf" ]; then
     servers=""
     if [ "$GPUS" -gt 0 ]; then
-      for ((i = 0; i < GPUS; i++)); do
+      for ((i = 0; i < INSTANCES; i++)); do
         servers+="    server 127.0.0.1:$((BASE_PORT + i)) max_fails=3 fail_timeout=10s;\n"
       done
     else

@@ -178,6 +178,18 @@ def cmd_usage(args: argparse.Namespace) -> int:
     return print_usage(db, args.tenant, getattr(args, "from"), args.to)
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    from server.lifecycle.rolling_reload import RollError, roll
+
+    admin_key = args.admin_key or os.environ.get("LLM_GATEWAY_ADMIN_KEY")
+    try:
+        roll(args.urls, admin_key=admin_key, config=args.config, ready_timeout_s=args.ready_timeout)
+    except RollError as exc:
+        print(f"reload: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _day(text: str) -> str:
     import datetime
 
@@ -245,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     usage.add_argument("--to", type=_day, help="last UTC day, YYYY-MM-DD")
     usage.add_argument("--tenant", help="only this tenant")
     usage.set_defaults(func=cmd_usage)
+
+    rolling = sub.add_parser("reload", help="reload running instances one at a time (POST /admin/reload, then "
+                             "/ready before the next): the replicas behind one nginx site")
+    rolling.add_argument("urls", nargs="+", metavar="URL", help="an instance, e.g. http://127.0.0.1:8000")
+    rolling.add_argument("--admin-key", help="one of auth.admin_keys (default: $LLM_GATEWAY_ADMIN_KEY)")
+    rolling.add_argument("--config", help="another profile file for every instance (default: each one's own)")
+    rolling.add_argument("--ready-timeout", type=float, default=900.0,
+                         help="seconds an instance may take to answer /ready after its reload (default 900)")
+    rolling.set_defaults(func=cmd_reload)
 
     sub.add_parser("bench", add_help=False, help="load test a server (= python -m loadtest; see loadtest/README.md)")
 

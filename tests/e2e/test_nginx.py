@@ -10,6 +10,7 @@ import json
 import re
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -300,6 +301,15 @@ def test_two_instances_share_the_traffic(
         # The dead server was tried, failed, and the request went on to a live one.
         assert re.search(rf'upstream="127\.0\.0\.1:{dead}, 127\.0\.0\.1:\d+" ustatus="502, 200"', log), log
         assert "connect() failed (111: Connection refused)" in nginx.error_log()
+        # `llm-gateway reload` rolls over both instances, one after the other (their profiles
+        # are unchanged, so each only re-reads its keys), and nginx still serves afterwards.
+        urls = [gateway.base_url, second.base_url]
+        rolled = subprocess.run([sys.executable, "-m", "server", "reload", *urls], capture_output=True,
+                                text=True, timeout=120)
+        assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+        rows = re.findall(r"^\[(\d)/2\] (http://\S+?): profile unchanged", rolled.stdout, re.M)
+        assert rows == [("1", urls[0]), ("2", urls[1])], rolled.stdout
+        assert completion(nginx.base_url, max_tokens=2).status_code == 200
     finally:
         nginx.stop()
 

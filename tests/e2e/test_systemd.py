@@ -208,3 +208,42 @@ def test_install_script_stages_everything(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert (etc / "llm-gateway/llm-gateway.env").read_text() == "EDITED=1\n"
     assert "kept existing /etc/llm-gateway/llm-gateway.env" in again.stdout
+
+
+def test_install_script_places_replicas_on_one_gpu(tmp_path: Path) -> None:
+    """--replicas-per-gpu: instance i on GPU i / R with 1/R of the profile's memory share, one port
+    each, every replica after the first of its GPU ordered after the previous one, and nginx in
+    front of all of them. Nonsense combinations are refused before anything is written."""
+    root = tmp_path / "root"
+    env = {**os.environ, "DESTDIR": str(root)}
+    result = subprocess.run(["bash", str(ROOT / "deploy" / "install.sh"), "--gpus", "2", "--replicas-per-gpu", "2",
+                             "--nginx"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    units = " ".join(f"llm-gateway@{i}.service" for i in range(4))
+    assert f"systemctl enable --now {units}" in result.stdout
+    etc = root / "etc"
+    for i in range(4):
+        pairs = dict(line.split("=", 1) for line in (etc / f"llm-gateway/instance-{i}.env").read_text().splitlines()
+                     if line and not line.startswith("#"))
+        assert pairs == {"LLM_GATEWAY_SERVER__PORT": str(8000 + i), "CUDA_VISIBLE_DEVICES": str(i // 2),
+                         "LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": "0.45"}, (i, pairs)
+        drop_in = etc / f"systemd/system/llm-gateway@{i}.service.d/10-replica.conf"
+        if i % 2:
+            assert f"After=llm-gateway@{i - 1}.service\n" in drop_in.read_text()
+        else:
+            assert not drop_in.exists()
+    site = (etc / "nginx/conf.d/llm-gateway.conf").read_text()
+    assert re.findall(r"^    server (127\.0\.0\.1:\d+)", site, re.M) == [f"127.0.0.1:{8000 + i}" for i in range(4)]
+    # one engine per GPU (no --replicas-per-gpu) keeps the profile's whole share
+    single = tmp_path / "single"
+    done = subprocess.run(["bash", str(ROOT / "deploy" / "install.sh"), "--gpus", "1"], capture_output=True,
+                          text=True, env={**os.environ, "DESTDIR": str(single)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "GPU_MEMORY_UTILIZATION" not in (single / "etc/llm-gateway/instance-0.env").read_text()
+    assert not list((single / "etc/systemd/system").glob("*.d"))
+    for args, message in ((["--replicas-per-gpu", "2"], "--replicas-per-gpu needs --gpus N"),
+                          (["--gpus", "1", "--replicas-per-gpu", "0"], "--replicas-per-gpu needs a number >= 1")):
+        bad = subprocess.run(["bash", str(ROOT / "deploy" / "install.sh"), *args], capture_output=True, text=True,
+                             env={**os.environ, "DESTDIR": str(tmp_path / "bad")}, timeout=60)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert not (tmp_path / "bad").exists()
