@@ -55,7 +55,8 @@ def _reload_detail(response: httpx.Response) -> str:
         if body.get("engine_reloaded") is False:
             return "profile unchanged: keys file re-read, engine kept"
         return f"{body.get('outcome', 'done')} ({body.get('strategy', '?')}, {body.get('duration_s', 0):.1f} s)"
-    message = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else None
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
     return f"HTTP {response.status_code}: {message or response.text[:300]}"
 
 
@@ -96,7 +97,6 @@ def roll(
                                 "the remaining instances were not reloaded") from exc
             detail = _reload_detail(response)
             if response.status_code != 200:
-                steps.append(Step(url, False, detail, time.monotonic() - t0))
                 raise RollError(f"{url}: {detail}; the remaining instances were not reloaded")
             if not _wait_ready(client, url, ready_timeout_s, poll_s):
                 raise RollError(f"{url}: reloaded ({detail}) but not ready after {ready_timeout_s:.0f} s; "
