@@ -9,8 +9,10 @@
 #       kernels.jsonl (one line per profile x workload x repeat), kernels-steps.jsonl (the traced
 #       single streams: GPU kernel time against wall time), kernels.log (the driver's output),
 #       kernels-work.tar.gz (every engine's log, the machine samples)
-# Knobs: PROFILES, TRACE (profiles that also trace a single stream), REPEATS (3), SWEEP_S (the
-# sweep's own deadline, 1150), WORKLOADS (all five).
+# Knobs: PROFILES, TRACE (profiles that also trace a single stream and a 256-stream decode), REPEATS (3),
+# SWEEP_S (the sweep's own deadline, 1150), WORKLOADS (all five), INTERLEAVE=1 (every profile's engine up
+# at once on an equal share of the memory, cells interleaved: --interleave), KV_GIB (each engine's KV
+# cache then, 12).
 set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh
@@ -19,8 +21,8 @@ if [ "${1:-}" = start ]; then
   mkdir -p "$GPU_MODEL_DIR"; cp benchmarks/fixtures/models/gemma-4-e2b-text/*.json "$GPU_MODEL_DIR/"
   detach_start kernels python3 -m benchmarks.profiles \
     --profiles "${PROFILES:-defaults,defaults_fp8,defaults_fp8kv,defaults_full_decode_only,fast_prefill_32k,fast_prefill_32k_fp8_fp8kv,defaults_fp8_fp8kv,defaults_piecewise,defaults_no_async}" \
-    --trace-profiles "${TRACE:-defaults,defaults_fp8,defaults_full_decode_only}" --repeats "${REPEATS:-3}" \
-    ${WORKLOADS:+--workloads "$WORKLOADS"} --model "$GPU_MODEL_DIR" --out /tmp/kernels/kernels.jsonl \
+    --trace-profiles "${TRACE-defaults,defaults_fp8,defaults_full_decode_only}" --repeats "${REPEATS:-3}" \
+    ${WORKLOADS:+--workloads "$WORKLOADS"} ${INTERLEAVE:+--interleave --kv-cache-gib "${KV_GIB:-12}"} --model "$GPU_MODEL_DIR" --out /tmp/kernels/kernels.jsonl \
     --log /tmp/kernels/children.log --deadline-s "${SWEEP_S:-1150}"
 fi
 detach_wait kernels

@@ -19,3 +19,13 @@ def wait_gpu_free(limit_s: float = 30.0) -> None:
         if not r.stdout.strip():
             return
         time.sleep(1)
+
+
+def gpu_total_gib() -> float | None:
+    """The first GPU's memory in GiB, or None without nvidia-smi."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+        return round(float(r.stdout.split()[0]) / 1024, 1)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

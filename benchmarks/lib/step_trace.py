@@ -33,11 +33,13 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarise(trace_dir: Path, tokens: int, top: int = 12) -> dict:
+def summarise(trace_dir: Path, tokens: int, top: int = 12, files: list[Path] | None = None) -> dict:
     """Summary of the traces under `trace_dir` for a run that produced `tokens` output tokens:
     the GPU's busy time (union of kernel, copy and memset intervals) against the span from the first
-    to the last of them, per token, and the kernels that took the most GPU time."""
-    files = sorted(p for p in trace_dir.rglob("*") if p.is_file() and (p.suffix == ".gz" or p.suffix == ".json"))
+    to the last of them, per token, and the kernels that took the most GPU time. `files`: only these
+    (the traces of one profiled run), else every trace under `trace_dir`."""
+    files = sorted(p for p in (files if files is not None else trace_dir.rglob("*"))
+                   if p.is_file() and (p.suffix == ".gz" or p.suffix == ".json"))
     best: dict | None = None
     for path in files:
         try:

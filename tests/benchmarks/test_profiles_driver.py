@@ -79,6 +79,32 @@ def test_dry_run_traces_the_named_profiles_only(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     steps = [json.loads(line) for line in (tmp_path / "dry-steps.jsonl").read_text().splitlines()]
-    assert [s["profile"] for s in steps] == ["defaults_fp8"]
+    assert [(s["profile"], s.get("kind")) for s in steps] == [("defaults_fp8", None), ("defaults_fp8", "decode_256_streams")]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["engine_args"].get("quantization") for r in recs if r["profile"] == "defaults_fp8"} == {"fp8"}
+
+
+def test_interleaved_dry_run_rotates_the_profiles_and_traces_both_ways(tmp_path: Path) -> None:
+    out = tmp_path / "dry.jsonl"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.profiles", "--dry-run", "--interleave", "--repeats", "2",
+         "--profiles", "defaults,defaults_full_decode_only", "--workloads", "decode_32x512_256,single_1x1024_256",
+         "--trace-profiles", "defaults_full_decode_only", "--kv-cache-gib", "8", "--out", str(out),
+         "--deadline-s", "60", "--min-left-s", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    cells = [(r["repeat"], r["workload"], r["profile"]) for r in recs]
+    # repeat by repeat, workload by workload, the profiles' order rotating
+    assert cells == [
+        (0, "decode_32x512_256", "defaults"), (0, "decode_32x512_256", "defaults_full_decode_only"),
+        (0, "single_1x1024_256", "defaults"), (0, "single_1x1024_256", "defaults_full_decode_only"),
+        (1, "decode_32x512_256", "defaults_full_decode_only"), (1, "decode_32x512_256", "defaults"),
+        (1, "single_1x1024_256", "defaults_full_decode_only"), (1, "single_1x1024_256", "defaults"),
+    ]
+    assert {r["engine_info"]["share"]["gpu_memory_utilization"] for r in recs} == {0.45}
+    assert {r["engine_info"]["share"]["kv_cache_memory_bytes"] for r in recs} == {8 * 2**30}
+    steps = [json.loads(line) for line in (tmp_path / "dry-steps.jsonl").read_text().splitlines()]
+    assert [(s["profile"], s.get("kind")) for s in steps] == [
+        ("defaults_full_decode_only", None), ("defaults_full_decode_only", "decode_256_streams")]
