@@ -31,7 +31,7 @@ from server.lifecycle.holder import EngineFactory, EngineHolder, EngineState, Re
 from server.lifecycle.stall import CHECK_INTERVAL_S, STALL_EXIT_CODE, StallWatch
 from server.lifecycle.weights import ModelFiles
 from server.metrics import GatewayMetrics
-from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_heap
+from server.runner.gc_heap import GcPauseTimer, freeze_heap, refreeze_when_idle
 from server.runner.http_options import uvicorn_http_options
 from server.runner.notify import Notifier
 from server.runner.process_group import isolate_engine_processes
@@ -89,6 +89,7 @@ class Gateway:
         self.stall_watch = StallWatch(self.holder, settings, self.metrics)
         self.gc_pauses = GcPauseTimer(self.metrics.gc_full_collection.observe)
         self._freeze_gc = settings.server.freeze_gc_heap  # read at start, like the listening address
+        self._refreeze_pending = False  # one refreeze waits for an idle moment at a time
         self._loader = loader
         self.config_path = config_path
         config = uvicorn.Config(
@@ -257,10 +258,11 @@ class Gateway:
         finally:
             if self.holder.is_ready():
                 self.notifier.ready(f"serving {self.holder.settings.served_model_name}")
-        # Whatever the outcome, an engine may have been retired or abandoned. Not once shutdown
-        # began: a full collection can run vLLM finalizers that wait on an abandoned engine start.
-        if self._freeze_gc and not self._stopping and not self.holder.closing:
-            logger.info("heap frozen again after the reload (%.0f ms)", 1000 * refreeze_heap())
+        # Whatever the outcome, an engine may have been retired or abandoned: refreeze the heap once
+        # no request is in flight.
+        if self._freeze_gc and not self._refreeze_pending:
+            self._refreeze_pending = True
+            self._spawn(self._refreeze_when_idle())
         if result.outcome == "success":
             self.config_path = path
             self.settings = new_settings
@@ -268,6 +270,21 @@ class Gateway:
             self.metrics.set_profile(
                 profile_labels(new_settings, self.holder.engine.info.vllm_version, self.holder.weights))
         return result
+
+    async def _refreeze_when_idle(self) -> None:
+        """The refreeze after a reload, off the request path where traffic leaves a gap
+        (server/runner/gc_heap.py). Not once shutdown began: a full collection can run vLLM
+        finalizers that wait on an abandoned engine start."""
+        try:
+            done = await refreeze_when_idle(
+                self.holder.wait_idle, self.settings.server.gc_refreeze_max_wait_s,
+                lambda: not self._stopping and not self.holder.closing)
+        finally:
+            self._refreeze_pending = False
+        if done is not None:
+            seconds, idle = done
+            logger.info("heap frozen again after the reload (%.0f ms, %s)", 1000 * seconds,
+                        "no request in flight" if idle else "under load: no idle moment came")
 
     def _on_sighup(self) -> None:
         async def run() -> None:

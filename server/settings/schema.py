@@ -60,6 +60,10 @@ class ServerSettings(BaseModel):
     up to about half a second each (server/runner/gc_heap.py; measured in
     docs/performance/event-loop.md). Off only to measure what it saves."""
 
+    gc_refreeze_max_wait_s: float = Field(300.0, ge=0)
+    """After a reload, the refreeze (one full collection, ~0.6 s of event loop on the H200) waits
+    for a moment with no request in flight, at most this long; then it runs under load. 0: at once."""
+
 
 class AuthSettings(BaseModel):
     """API keys. No key configured means open access (warned about off loopback)."""

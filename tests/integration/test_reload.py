@@ -118,6 +118,7 @@ def test_reload_under_load_loses_nothing(reloadable: tuple[ServerProcess, Path],
     blue-green by POST /admin/reload with overrides."""
     server, config = reloadable
     before = status(server)["last_reload"]
+    refrozen = server.log().count("heap frozen again after the reload")
     with Load(server.base_url) as load:
         time.sleep(3)
         t0 = time.monotonic()
@@ -158,6 +159,13 @@ def test_reload_under_load_loses_nothing(reloadable: tuple[ServerProcess, Path],
     assert status(server)["last_reload"]["outcome"] == "success"
     if strategy == "blue-green":
         assert result["queued"] == 0
+    # the refreeze's full collection waited for a moment with no request in flight (the load ended)
+    deadline = time.monotonic() + 30
+    while server.log().count("heap frozen again after the reload") == refrozen and time.monotonic() < deadline:
+        time.sleep(0.2)
+    lines = [line for line in server.log().splitlines() if "heap frozen again after the reload" in line]
+    assert len(lines) == refrozen + 1 and "no request in flight" in lines[-1], lines
+    print(lines[-1].split("INFO")[-1].strip())
 
 
 def test_invalid_config_is_refused_and_nothing_changes(reloadable: tuple[ServerProcess, Path]) -> None:
