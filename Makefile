@@ -14,6 +14,8 @@ else
 CONFIG ?= configs/embedded-cpu.yaml
 endif
 PYTEST_ARGS ?=
+# make serve REPLICAS=N: N gateway processes behind nginx on one port (server/replicas/)
+REPLICAS ?= 1
 
 BIN := $(VENV)/bin
 LOCK := requirements/$(DEVICE).lock
@@ -50,6 +52,7 @@ COMPAT_DESELECT ?= \
 
 help:
 	@echo "make serve   - install (if needed), prepare the model, serve on 127.0.0.1:8000 (CONFIG=$(CONFIG))"
+	@echo "               REPLICAS=N: N gateway processes behind nginx on that port (needs nginx)"
 	@echo "make test    - install (if needed), prepare the model, run the test suite"
 	@echo "make test-slow - the long tests (soak)"
 	@echo "make test-timing - the tests with a wall-clock bound (run them under load)"
@@ -83,7 +86,7 @@ model: $(STAMP)
 
 serve: model
 	@echo "==> serving $(CONFIG) (Ctrl-C to stop)"
-	$(BIN)/llm-gateway serve --config $(CONFIG)
+	$(BIN)/llm-gateway serve --config $(CONFIG) $(if $(filter-out 1,$(REPLICAS)),--replicas $(REPLICAS))
 
 check-config: $(STAMP)
 	$(BIN)/llm-gateway check-config --config $(CONFIG)

@@ -9,8 +9,6 @@ change (listen ports, upstream addresses, the snippet include path, the log dire
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
 import signal
 import socket
@@ -24,14 +22,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import ROOT, ServerProcess, free_port, start_gateway, wait_ready
+from server.replicas import front
+from tests.conftest import ServerProcess, free_port, start_gateway, wait_ready
 
-NGINX_DIR = ROOT / "nginx"
-SITE = NGINX_DIR / "llm-gateway.conf"
-SNIPPET = NGINX_DIR / "llm-gateway-proxy.conf"
+NGINX_DIR = front.NGINX_DIR
+SITE = front.SITE
+SNIPPET = front.SNIPPET
 TLS_EXAMPLE = NGINX_DIR / "llm-gateway-tls.conf.example"
-SNIPPET_INSTALL_PATH = "/etc/nginx/snippets/llm-gateway-proxy.conf"
-SNIPPET_INCLUDE = f"include {SNIPPET_INSTALL_PATH};"
+SNIPPET_INSTALL_PATH = front.SNIPPET_INSTALL_PATH
+SNIPPET_INCLUDE = front.SNIPPET_INCLUDE
 
 
 def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
@@ -56,77 +55,34 @@ def nginx_binary() -> str:
 # templating the shipped files
 
 
-def _replace_exactly(text: str, old: str, new: str, count: int, what: str) -> str:
-    found = text.count(old)
-    assert found == count, f"{what}: expected {count} x {old!r} in the shipped file, found {found}"
-    return text.replace(old, new)
-
-
 def render_site(
     tmp: Path,
     *,
     upstreams: list[int],
     listen_port: int,
 ) -> str:
-    """llm-gateway.conf with test ports; everything else as shipped."""
-    text = SITE.read_text()
-    # Upstream servers: the first active `server` line gives the parameters (max_fails, ...).
-    block = re.search(r"upstream llm_gateway \{.*?\n\}", text, re.S)
-    assert block, "no `upstream llm_gateway { ... }` block in nginx/llm-gateway.conf"
-    body = block.group(0)
-    active = re.findall(r"^    server 127\.0\.0\.1:\d+ (.*);$", body, re.M)
-    assert len(active) == 1, f"expected one active upstream server line, found {active}"
-    params = active[0]
-    lines = [ln for ln in body.split("\n") if not re.match(r"^    #?server 127\.0\.0\.1:\d+ ", ln)]
-    lines[1:1] = [f"    server 127.0.0.1:{p} {params};" for p in upstreams]
-    text = text.replace(body, "\n".join(lines))
-    text = _replace_exactly(text, "    listen 80;\n", f"    listen 127.0.0.1:{listen_port};\n", 1, "listen")
-    text = _replace_exactly(text, "    listen [::]:80;\n", "", 1, "listen ipv6")
-    text = _replace_exactly(text, SNIPPET_INCLUDE, f"include {tmp}/llm-gateway-proxy.conf;", 1, "snippet")
-    text = _replace_exactly(text, "/var/log/nginx/", f"{tmp}/", 1, "log dir")
-    return text
+    """llm-gateway.conf with test ports; everything else as shipped (server/replicas/front.py, which
+    `serve --replicas` uses too)."""
+    return front.render_site(upstreams=upstreams, listen=f"127.0.0.1:{listen_port}",
+                             snippet=tmp / "llm-gateway-proxy.conf", log_dir=tmp)
 
 
 def render_tls(tmp: Path, *, https_port: int, http_port: int, cert: Path, key: Path) -> str:
     text = TLS_EXAMPLE.read_text()
-    text = _replace_exactly(text, "    listen 443 ssl http2;\n", f"    listen 127.0.0.1:{https_port} ssl http2;\n", 1, "listen 443")
-    text = _replace_exactly(text, "    listen [::]:443 ssl http2;\n", "", 1, "listen ipv6 443")
-    text = _replace_exactly(text, "    listen 80;\n", f"    listen 127.0.0.1:{http_port};\n", 1, "listen 80")
-    text = _replace_exactly(text, "    listen [::]:80;\n", "", 1, "listen ipv6 80")
-    text = _replace_exactly(text, "/etc/letsencrypt/live/llm.example.com/fullchain.pem", str(cert), 1, "cert")
-    text = _replace_exactly(text, "/etc/letsencrypt/live/llm.example.com/privkey.pem", str(key), 1, "key")
-    text = _replace_exactly(text, SNIPPET_INCLUDE, f"include {tmp}/llm-gateway-proxy.conf;", 1, "snippet")
-    text = _replace_exactly(text, "/var/log/nginx/", f"{tmp}/", 1, "log dir")
+    text = front.replace_exactly(text, "    listen 443 ssl http2;\n", f"    listen 127.0.0.1:{https_port} ssl http2;\n", 1, "listen 443")
+    text = front.replace_exactly(text, "    listen [::]:443 ssl http2;\n", "", 1, "listen ipv6 443")
+    text = front.replace_exactly(text, "    listen 80;\n", f"    listen 127.0.0.1:{http_port};\n", 1, "listen 80")
+    text = front.replace_exactly(text, "    listen [::]:80;\n", "", 1, "listen ipv6 80")
+    text = front.replace_exactly(text, "/etc/letsencrypt/live/llm.example.com/fullchain.pem", str(cert), 1, "cert")
+    text = front.replace_exactly(text, "/etc/letsencrypt/live/llm.example.com/privkey.pem", str(key), 1, "key")
+    text = front.replace_exactly(text, SNIPPET_INCLUDE, f"include {tmp}/llm-gateway-proxy.conf;", 1, "snippet")
+    text = front.replace_exactly(text, "/var/log/nginx/", f"{tmp}/", 1, "log dir")
     return text
 
 
 def write_wrapper(tmp: Path, site_files: list[str]) -> Path:
     """A minimal nginx.conf (what Debian's /etc/nginx/nginx.conf provides) including the site."""
-    shutil.copyfile(SNIPPET, tmp / "llm-gateway-proxy.conf")  # verbatim
-    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        (tmp / sub).mkdir(exist_ok=True)
-    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the 0700 tmp dir
-    includes = "".join(f"    include {f};\n" for f in site_files)
-    conf = tmp / "nginx.conf"
-    conf.write_text(
-        f"{user}worker_processes 1;\n"
-        f"pid {tmp}/nginx.pid;\n"
-        f"error_log {tmp}/error.log info;\n"
-        "events { worker_connections 512; }\n"
-        "http {\n"
-        "    default_type application/octet-stream;\n"
-        "    sendfile on;\n"
-        "    tcp_nodelay on;\n"
-        f"    access_log {tmp}/default-access.log;\n"
-        f"    client_body_temp_path {tmp}/client_body;\n"
-        f"    proxy_temp_path {tmp}/proxy;\n"
-        f"    fastcgi_temp_path {tmp}/fastcgi;\n"
-        f"    uwsgi_temp_path {tmp}/uwsgi;\n"
-        f"    scgi_temp_path {tmp}/scgi;\n"
-        f"{includes}"
-        "}\n"
-    )
-    return conf
+    return front.write_nginx_conf(tmp, site_files)
 
 
 def nginx_test(tmp: Path, conf: Path) -> subprocess.CompletedProcess[str]:

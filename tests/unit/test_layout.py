@@ -28,7 +28,7 @@ LAYERS = {
     "server.serving": 3, "server.middleware": 3,
     "server.routes": 4,
     "server.app": 5,
-    "server.runner": 6, "server.model_prep": 6,
+    "server.runner": 6, "server.replicas": 6, "server.model_prep": 6,
     "server.__main__": 7,
 }
 MAX_ROOT_MODULES = 8

@@ -1,0 +1,91 @@
+"""The shipped nginx site (nginx/llm-gateway.conf and its snippet) rendered for a front door that is
+not /etc/nginx: given upstream ports, listen address, snippet path and log directory. Everything else
+stays as shipped, and each line that changes must be found exactly where expected, so a change to the
+shipped file cannot slip past unnoticed (the e2e tests render the site with the same code)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+NGINX_DIR = Path(__file__).resolve().parents[2] / "nginx"
+SITE = NGINX_DIR / "llm-gateway.conf"
+SNIPPET = NGINX_DIR / "llm-gateway-proxy.conf"
+SNIPPET_INSTALL_PATH = "/etc/nginx/snippets/llm-gateway-proxy.conf"
+SNIPPET_INCLUDE = f"include {SNIPPET_INSTALL_PATH};"
+
+
+class SiteTemplateError(RuntimeError):
+    """The shipped site no longer has a line the rendering replaces."""
+
+
+def replace_exactly(text: str, old: str, new: str, count: int, what: str) -> str:
+    found = text.count(old)
+    if found != count:
+        raise SiteTemplateError(f"{what}: expected {count} x {old!r} in the shipped file, found {found}")
+    return text.replace(old, new)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
+def render_site(*, upstreams: list[int], listen: str, snippet: Path, log_dir: Path, text: str | None = None,
+                client_limits: bool = True) -> str:
+    """llm-gateway.conf with one upstream `server` line per port (the shipped line's parameters:
+    max_fails, fail_timeout), `listen <listen>` instead of port 80 (no IPv6 line), the snippet
+    included from `snippet` and the access log under `log_dir`. `client_limits=False` keys the
+    per-client request and connection limits on an empty value, which nginx never counts (a load
+    test from one address)."""
+    text = SITE.read_text() if text is None else text
+    if not client_limits:
+        text = replace_exactly(text, "_zone $binary_remote_addr ", "_zone $llm_gateway_no_client_key ", 2,
+                               "per-client limit zones")
+        text = 'map $remote_addr $llm_gateway_no_client_key {\n    default "";\n}\n' + text
+    block = re.search(r"upstream llm_gateway \{.*?\n\}", text, re.S)
+    if not block:
+        raise SiteTemplateError("no `upstream llm_gateway { ... }` block in nginx/llm-gateway.conf")
+    body = block.group(0)
+    active = re.findall(r"^    server 127\.0\.0\.1:\d+ (.*);$", body, re.M)
+    if len(active) != 1:
+        raise SiteTemplateError(f"expected one active upstream server line, found {active}")
+    lines = [ln for ln in body.split("\n") if not re.match(r"^    #?server 127\.0\.0\.1:\d+ ", ln)]
+    lines[1:1] = [f"    server 127.0.0.1:{p} {active[0]};" for p in upstreams]
+    text = text.replace(body, "\n".join(lines))
+    text = replace_exactly(text, "    listen 80;\n", f"    listen {listen};\n", 1, "listen")
+    text = replace_exactly(text, "    listen [::]:80;\n", "", 1, "listen ipv6")
+    text = replace_exactly(text, SNIPPET_INCLUDE, f"include {snippet};", 1, "snippet")
+    return replace_exactly(text, "/var/log/nginx/", f"{log_dir}/", 1, "log dir")
+
+
+def write_nginx_conf(prefix: Path, site_files: list[str]) -> Path:
+    """A minimal nginx.conf (what Debian's /etc/nginx/nginx.conf provides) under `prefix`, including
+    the sites; pid, logs and temp paths under `prefix` too, and the snippet copied there verbatim."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(SNIPPET, prefix / "llm-gateway-proxy.conf")
+    for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        (prefix / sub).mkdir(exist_ok=True)
+    user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach a 0700 prefix
+    includes = "".join(f"    include {f};\n" for f in site_files)
+    conf = prefix / "nginx.conf"
+    conf.write_text(
+        f"{user}worker_processes auto;\n"
+        f"pid {prefix}/nginx.pid;\n"
+        f"error_log {prefix}/error.log info;\n"
+        "events { worker_connections 4096; }\n"
+        "http {\n"
+        "    default_type application/octet-stream;\n"
+        "    sendfile on;\n"
+        "    tcp_nodelay on;\n"
+        f"    access_log {prefix}/default-access.log;\n"
+        f"    client_body_temp_path {prefix}/client_body;\n"
+        f"    proxy_temp_path {prefix}/proxy;\n"
+        f"    fastcgi_temp_path {prefix}/fastcgi;\n"
+        f"    uwsgi_temp_path {prefix}/uwsgi;\n"
+        f"    scgi_temp_path {prefix}/scgi;\n"
+        f"{includes}"
+        "}\n"
+    )
+    return conf

@@ -1,0 +1,264 @@
+"""`llm-gateway serve --replicas N`: N gateway processes on loopback ports and nginx in front of them
+on the profile's address, in the foreground until Ctrl-C or SIGTERM.
+
+- Replica `i` listens on 127.0.0.1:(server.port + 1 + i); nginx on server.host:server.port with the
+  shipped site (least_conn, passive health checks, retries of requests that never reached a
+  replica).
+- The replicas start one after another, each once the previous one answers /ready: on a GPU, vLLM
+  checks the free memory when an engine starts, so each replica takes 1/N of the profile's
+  `gpu_memory_utilization`.
+- A replica that exits while the others serve is started again (nginx leaves it out meanwhile);
+  one that keeps dying waits longer each time, up to a minute.
+- Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
+- SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from server.replicas.front import nginx_binary, render_site, write_nginx_conf
+from server.settings import Settings
+
+logger = logging.getLogger("llm_gateway.replicas")
+
+RESTART_BACKOFF_MAX_S = 60.0
+
+
+@dataclass
+class Replica:
+    index: int
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff_s: float = 1.0
+    awaiting_ready: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            # its own session: Ctrl-C reaches the supervisor only, which drains the replicas in order
+            self.proc = subprocess.Popen([sys.executable, "-m", "server", *self.argv], env=self.env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.started_at = time.monotonic()
+        logger.info("replica %d: started (pid %d, port %d, log %s)", self.index, self.proc.pid, self.port, self.log_path)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(self.url + "/ready", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def child_argv(serve_argv: list[str], port: int) -> list[str]:
+    """`serve`'s own arguments for one replica: without --replicas, --host and --port, then bound to
+    127.0.0.1:port (only nginx faces the clients)."""
+    out: list[str] = []
+    skip = False
+    for arg in serve_argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--replicas", "--host", "--port", "--no-client-limits"):
+            skip = "=" not in arg and name != "--no-client-limits"
+            continue
+        out.append(arg)
+    return ["serve", *out, "--host", "127.0.0.1", "--port", str(port)]
+
+
+def memory_share(settings: Settings, replicas: int) -> str | None:
+    """Each replica's gpu_memory_utilization on a GPU (two decimals, rounded down); None on CPU,
+    where each engine's KV cache is its own `kv_cache_memory_bytes`."""
+    if settings.engine.resolved_device() != "gpu":
+        return None
+    return f"{math.floor(settings.engine.gpu_memory_utilization / replicas * 100) / 100:.2f}"
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, serve_argv: list[str], replicas: int, *, client_limits: bool = True) -> None:
+        self.settings = settings
+        self.n = replicas
+        self.client_limits = client_limits
+        # one folder per front port: two fronts on one state dir keep their nginx files apart
+        self.prefix = Path(settings.server.state_dir).resolve() / f"replicas-{settings.server.port}"
+        self.stopping = False
+        self.reload_requested = False
+        env = dict(os.environ)
+        share = memory_share(settings, replicas)
+        if share is not None:
+            env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
+        base = settings.server.port
+        self.replicas = [
+            Replica(i, base + 1 + i, child_argv(serve_argv, base + 1 + i), env, self.prefix / f"replica-{i}.log")
+            for i in range(replicas)
+        ]
+        self.nginx: subprocess.Popen[bytes] | None = None
+        self.nginx_conf: Path | None = None
+
+    # -- signals ---------------------------------------------------------------------------
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        if not self.stopping:
+            logger.info("%s: draining %d replica(s)", signal.Signals(signum).name, self.n)
+        self.stopping = True
+
+    def _on_hup(self, _signum: int, _frame: object) -> None:
+        self.reload_requested = True
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _wait_ready(self, replica: Replica, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.stopping and time.monotonic() < deadline:
+            if not replica.alive():
+                logger.error("replica %d exited with %s before it was ready; its log: %s", replica.index,
+                             replica.proc.returncode if replica.proc else None, replica.log_path)
+                return False
+            if replica.ready():
+                logger.info("replica %d: ready on %s", replica.index, replica.url)
+                return True
+            time.sleep(0.5)
+        return False
+
+    def _start_nginx(self, binary: str) -> bool:
+        s = self.settings.server
+        host = f"[{s.host}]" if ":" in s.host else s.host
+        site = self.prefix / "llm-gateway.conf"
+        site.write_text(render_site(upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
+                                    snippet=self.prefix / "llm-gateway-proxy.conf", log_dir=self.prefix,
+                                    client_limits=self.client_limits))
+        self.nginx_conf = write_nginx_conf(self.prefix, [str(site)])
+        checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(self.nginx_conf)],
+                                 capture_output=True, text=True, timeout=30)
+        if checked.returncode != 0:
+            logger.error("nginx -t refused the front's configuration:\n%s", checked.stderr)
+            return False
+        with (self.prefix / "nginx.out").open("ab") as log:
+            self.nginx = subprocess.Popen([binary, "-p", str(self.prefix), "-c", str(self.nginx_conf), "-g", "daemon off;"],
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        time.sleep(0.3)
+        if self.nginx.poll() is not None:
+            logger.error("nginx exited at start: %s", (self.prefix / "error.log").read_text()[-2000:])
+            return False
+        return True
+
+    def _restart_dead(self) -> None:
+        for replica in self.replicas:
+            if replica.alive() or self.stopping:
+                continue
+            if time.monotonic() - replica.started_at < replica.backoff_s:
+                continue
+            code = replica.proc.returncode if replica.proc else None
+            # one that died soon after its start waits longer before the next try
+            lived = time.monotonic() - replica.started_at
+            replica.backoff_s = min(RESTART_BACKOFF_MAX_S, replica.backoff_s * 2) if lived < 60 else 1.0
+            replica.restarts += 1
+            logger.warning("replica %d exited (%s); starting it again (restart %d); nginx serves from the others",
+                           replica.index, code, replica.restarts)
+            if replica.proc is not None:
+                # what the dead replica left in its session (an engine core whose parent was killed)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(replica.proc.pid, signal.SIGKILL)
+            replica.start()
+            replica.awaiting_ready = True
+        for replica in self.replicas:
+            if replica.awaiting_ready and replica.alive() and replica.ready():
+                replica.awaiting_ready = False
+                logger.info("replica %d: ready again on %s, %.0f s after its restart", replica.index, replica.url,
+                            time.monotonic() - replica.started_at)
+
+    def _rolling_reload(self) -> None:
+        from server.lifecycle.rolling_reload import RollError, roll
+
+        keys = self.settings.auth.admin_keys
+        try:
+            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info)
+            logger.info("rolling reload: %d replica(s) reloaded", len(steps))
+        except RollError as exc:
+            logger.error("rolling reload stopped: %s", exc)
+
+    def _stop_all(self) -> None:
+        for replica in self.replicas:
+            if replica.alive() and replica.proc is not None:
+                replica.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.server.drain_timeout_s + 60
+        for replica in self.replicas:
+            if replica.proc is None:
+                continue
+            try:
+                replica.proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.error("replica %d did not stop in time: killed", replica.index)
+                os.killpg(replica.proc.pid, signal.SIGKILL)
+                replica.proc.wait()
+        if self.nginx is not None and self.nginx.poll() is None:
+            self.nginx.send_signal(signal.SIGQUIT)  # graceful: open connections finish first
+            try:
+                self.nginx.wait(15)
+            except subprocess.TimeoutExpired:
+                self.nginx.kill()
+                self.nginx.wait()
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        binary = nginx_binary()
+        if binary is None:
+            logger.error("--replicas needs nginx in front of the replicas (Debian: apt install nginx-light)")
+            return 2
+        self.prefix.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        try:
+            for replica in self.replicas:
+                replica.start()
+                if not self._wait_ready(replica, timeout_s=1800):
+                    return 0 if self.stopping else 1
+            if not self._start_nginx(binary):
+                return 1
+            s = self.settings.server
+            logger.info("serving %s on http://%s:%d through nginx: %d replicas on ports %s (scrape each for "
+                        "metrics); logs under %s", self.settings.served_model_name, s.host, s.port, self.n,
+                        ", ".join(str(r.port) for r in self.replicas), self.prefix)
+            while not self.stopping:
+                time.sleep(0.5)
+                if self.nginx is not None and self.nginx.poll() is not None:
+                    logger.error("nginx exited (%s): stopping the replicas", self.nginx.returncode)
+                    return 1
+                self._restart_dead()
+                if self.reload_requested:
+                    self.reload_requested = False
+                    self._rolling_reload()
+            return 0
+        finally:
+            self._stop_all()
+
+
+def run_replicas(settings: Settings, serve_argv: list[str], replicas: int, *, client_limits: bool = True) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per /ready poll
+    code = Supervisor(settings, serve_argv, replicas, client_limits=client_limits).run()
+    logger.info("stopped (exit %d)", code)
+    return code

@@ -1,0 +1,152 @@
+"""`llm-gateway serve --replicas 2` (`make serve REPLICAS=2`, server/replicas/): two real gateways on
+the real vLLM CPU engine behind real nginx on one port. Requests through the front reach both; a
+replica killed under load loses no request (nginx retries what it had sent there on the other one)
+and is started again; SIGTERM drains everything and leaves no process behind."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from server.replicas import front
+from server.replicas.supervisor import child_argv
+from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, free_port
+from tests.e2e.conftest import nginx_binary, wait_for
+
+COMPLETIONS = "/v1/completions"
+
+
+def ports_free(*ports: int) -> bool:
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def front_port() -> int:
+    """A port p with p + 1 and p + 2 free too (the replicas' ports)."""
+    for _ in range(50):
+        port = free_port()
+        if port < 65000 and ports_free(port, port + 1, port + 2):
+            return port
+    raise RuntimeError("no three free consecutive ports")
+
+
+def served(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gateway_requests_total{") and f'route="{COMPLETIONS}"' in line)
+
+
+def complete(client: httpx.Client, base: str, prompt: str, max_tokens: int = 4) -> httpx.Response:
+    return client.post(base + COMPLETIONS, json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens},
+                       timeout=120)
+
+
+def test_child_arguments_drop_the_front_and_bind_loopback() -> None:
+    argv = ["--config", "c.yaml", "--replicas", "2", "--host=0.0.0.0", "--port", "9000", "--no-client-limits",
+            "--log-level", "debug"]
+    assert child_argv(argv, 9001) == ["serve", "--config", "c.yaml", "--log-level", "debug",
+                                      "--host", "127.0.0.1", "--port", "9001"]
+
+
+def test_the_site_without_client_limits_passes_nginx_t(tmp_path: Path) -> None:
+    site = tmp_path / "llm-gateway.conf"
+    site.write_text(front.render_site(upstreams=[9001, 9002], listen="127.0.0.1:9000",
+                                      snippet=tmp_path / "llm-gateway-proxy.conf", log_dir=tmp_path,
+                                      client_limits=False))
+    text = site.read_text()
+    assert "zone $binary_remote_addr" not in text and text.count("server 127.0.0.1:900") == 2
+    conf = front.write_nginx_conf(tmp_path, [str(site)])
+    checked = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(conf)],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
+    port = front_port()
+    log_path = tmp_path / "supervisor.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "server", "serve", "--config", str(CONFIG), "--state-dir", str(STATE_DIR),
+             "--port", str(port), "--replicas", "2", "--no-client-limits"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    replica_ports = [port + 1, port + 2]
+
+    def log() -> str:
+        return log_path.read_text(errors="replace")
+
+    try:
+        assert wait_for(lambda: "through nginx" in log() or proc.poll() is not None, timeout=300, interval=0.5)
+        assert proc.poll() is None, log()[-3000:]
+        with httpx.Client() as client:
+            # least_conn with nothing open alternates: both replicas serve through the one port
+            before = [served(p) for p in replica_ports]
+            for i in range(6):
+                r = complete(client, base, f"Request {i}:")
+                assert r.status_code == 200, r.text
+            after = [served(p) for p in replica_ports]
+            assert all(a > b for a, b in zip(after, before)), (before, after)
+            # no per-client limit with --no-client-limits: a burst past the shipped 10/s + 20 gets no 429
+            codes = [client.get(base + "/v1/models", timeout=10).status_code for _ in range(40)]
+            assert set(codes) == {200}, codes
+
+        # a replica killed under load: nginx sends what it had open there to the other one
+        results: list[int] = []
+        stop = threading.Event()
+
+        def client_loop(i: int) -> None:
+            with httpx.Client() as c:
+                while not stop.is_set():
+                    try:
+                        results.append(complete(c, base, f"Load {i}:", max_tokens=8).status_code)
+                    except httpx.HTTPError as exc:
+                        results.append(-1)
+                        print("client error:", exc)
+
+        threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        [victim] = [c for c in psutil.Process(proc.pid).children() if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
+        victim.kill()
+        killed_at = len(results)
+        # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
+        assert wait_for(lambda: len(results) >= killed_at + 8, timeout=120, interval=0.2), results
+        stop.set()
+        for t in threads:
+            t.join(150)
+        print(f"\n{len(results)} requests, {killed_at} before the kill; statuses: {sorted(set(results))}")
+        assert [c for c in results if c != 200] == [], results
+        assert "replica 0 exited (-9)" in log()
+        # ... and the supervisor started it again
+        assert wait_for(lambda: "ready again" in log(), timeout=180, interval=0.5), log()[-3000:]
+        assert httpx.get(f"http://127.0.0.1:{replica_ports[0]}/ready", timeout=5).status_code == 200
+        print([line.split("replicas: ")[-1] for line in log().splitlines() if "ready again" in line])
+
+        # SIGTERM: the replicas drain, nginx quits, nothing is left
+        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0, log()[-3000:]
+        assert wait_for(lambda: not [p for p in family if psutil.pid_exists(p)
+                                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], timeout=30)
+        assert "stopped (exit 0)" in log()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if any(f"--port {rp}" in cmd for rp in replica_ports) or f"replicas-{port}" in cmd:
+                p.kill()
