@@ -8,14 +8,14 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
   checks the free memory when an engine starts, so each replica takes 1/N of the profile's
   `gpu_memory_utilization`.
 - A replica that exits while the others serve is started again (nginx leaves it out meanwhile);
-  one that keeps dying waits longer each time, up to a minute.
+  one that keeps dying waits longer each time, up to a minute. The supervisor is a subreaper: the
+  engine core of a replica killed outright is adopted and ended, not left holding its memory.
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
 - SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from server.replicas.front import nginx_binary, render_site, write_nginx_conf
+from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.replicas")
@@ -164,6 +166,21 @@ class Supervisor:
             return False
         return True
 
+    def _end_orphans(self) -> None:
+        """A replica killed outright leaves its engine core running, with gigabytes of memory; as
+        a subreaper the supervisor adopts it, and ends it here."""
+        known = {r.proc.pid for r in self.replicas if r.proc is not None}
+        if self.nginx is not None:
+            known.add(self.nginx.pid)
+        try:
+            orphans = [c for c in psutil.Process().children() if c.pid not in known]
+        except psutil.Error:
+            return
+        if orphans:
+            logger.warning("ending %d process(es) a dead replica left: %s", len(orphans),
+                           ", ".join(f"{o.pid}" for o in orphans))
+            end_processes(orphans, grace_s=5.0)
+
     def _restart_dead(self) -> None:
         for replica in self.replicas:
             if replica.alive() or self.stopping:
@@ -177,10 +194,6 @@ class Supervisor:
             replica.restarts += 1
             logger.warning("replica %d exited (%s); starting it again (restart %d); nginx serves from the others",
                            replica.index, code, replica.restarts)
-            if replica.proc is not None:
-                # what the dead replica left in its session (an engine core whose parent was killed)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(replica.proc.pid, signal.SIGKILL)
             replica.start()
             replica.awaiting_ready = True
         for replica in self.replicas:
@@ -220,6 +233,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.nginx.kill()
                 self.nginx.wait()
+        self._end_orphans()
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -229,6 +243,7 @@ class Supervisor:
             logger.error("--replicas needs nginx in front of the replicas (Debian: apt install nginx-light)")
             return 2
         self.prefix.mkdir(parents=True, exist_ok=True)
+        become_subreaper()
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
@@ -248,6 +263,7 @@ class Supervisor:
                 if self.nginx is not None and self.nginx.poll() is not None:
                     logger.error("nginx exited (%s): stopping the replicas", self.nginx.returncode)
                     return 1
+                self._end_orphans()
                 self._restart_dead()
                 if self.reload_requested:
                     self.reload_requested = False

@@ -43,6 +43,13 @@ def front_port() -> int:
     raise RuntimeError("no three free consecutive ports")
 
 
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def served(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -121,6 +128,8 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             t.start()
         time.sleep(3)
         [victim] = [c for c in psutil.Process(proc.pid).children() if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
+        left_behind = victim.children(recursive=True)  # its engine core
+        assert left_behind
         victim.kill()
         killed_at = len(results)
         # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
@@ -131,17 +140,18 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         print(f"\n{len(results)} requests, {killed_at} before the kill; statuses: {sorted(set(results))}")
         assert [c for c in results if c != 200] == [], results
         assert "replica 0 exited (-9)" in log()
+        # what the killed replica left (its engine core, gigabytes) was adopted and ended
+        assert wait_for(lambda: not [p for p in left_behind if running(p)], timeout=30), left_behind
         # ... and the supervisor started it again
         assert wait_for(lambda: "ready again" in log(), timeout=180, interval=0.5), log()[-3000:]
         assert httpx.get(f"http://127.0.0.1:{replica_ports[0]}/ready", timeout=5).status_code == 200
         print([line.split("replicas: ")[-1] for line in log().splitlines() if "ready again" in line])
 
         # SIGTERM: the replicas drain, nginx quits, nothing is left
-        family = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0, log()[-3000:]
-        assert wait_for(lambda: not [p for p in family if psutil.pid_exists(p)
-                                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], timeout=30)
+        assert wait_for(lambda: not [p for p in family if running(p)], timeout=30), family
         assert "stopped (exit 0)" in log()
     finally:
         if proc.poll() is None:

@@ -28,8 +28,9 @@ LAYERS = {
     "server.serving": 3, "server.middleware": 3,
     "server.routes": 4,
     "server.app": 5,
-    "server.runner": 6, "server.replicas": 6, "server.model_prep": 6,
-    "server.__main__": 7,
+    "server.runner": 6, "server.model_prep": 6,
+    "server.replicas": 7,
+    "server.__main__": 8,
 }
 MAX_ROOT_MODULES = 8
 
