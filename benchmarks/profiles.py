@@ -312,6 +312,15 @@ def record(name: str, wl: str, metric: str, repeat: int, dt: float, n_in: int, n
 
 
 # -------------------------------------------------------------------------------- parent
+def end_session(proc: subprocess.Popen) -> None:
+    """End a child and its session: the engine core is a separate process in the child's session."""
+    try:
+        os.killpg(proc.pid, 9)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def interleave(a, workloads: list[str], env: dict, t_end: float) -> None:
     """Every profile's engine up at once (started together: one cold compile's wait for all), then
     repeat by repeat, workload by workload, one cell at a time, the profiles' order rotating each
@@ -396,12 +405,7 @@ def interleave(a, workloads: list[str], env: dict, t_end: float) -> None:
             pass
     time.sleep(2)
     for proc in procs.values():
-        # the engine core is a separate process in the child's session: end it too
-        try:
-            os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        end_session(proc)
     wait_gpu_free()
     if logf:
         logf.close()
@@ -486,11 +490,7 @@ def main() -> None:
             proc.wait()
             rc = "deadline"
         th.join(timeout=5)
-        # the engine core is a separate process in the child's session: end it too
-        try:
-            os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_session(proc)
         wait_gpu_free()
         if logf:
             logf.close()

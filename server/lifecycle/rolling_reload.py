@@ -29,9 +29,10 @@ class RollError(Exception):
     """The roll stopped before every instance was reloaded."""
 
 
-def _ready(client: httpx.Client, url: str) -> bool:
+def ready(client: httpx.Client, url: str, timeout_s: float = 5.0) -> bool:
+    """The instance at `url` answers 200 on /ready (False when unreachable)."""
     try:
-        return client.get(url + "/ready", timeout=5).status_code == 200
+        return client.get(url + "/ready", timeout=timeout_s).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -39,7 +40,7 @@ def _ready(client: httpx.Client, url: str) -> bool:
 def _wait_ready(client: httpx.Client, url: str, timeout_s: float, poll_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
-        if _ready(client, url):
+        if ready(client, url):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -83,7 +84,7 @@ def roll(
     try:
         for i, url in enumerate(urls):
             others = [u for u in urls if u != url]
-            not_ready = [u for u in others if not _ready(client, u)]
+            not_ready = [u for u in others if not ready(client, u)]
             if not_ready:
                 raise RollError(f"not reloading {url}: {', '.join(not_ready)} not ready, so it would "
                                 "leave too few instances serving; reloaded so far: "

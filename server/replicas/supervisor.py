@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from server.lifecycle.rolling_reload import RollError, ready, roll
 from server.replicas.front import nginx_binary, render_site, write_nginx_conf
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
@@ -65,12 +66,6 @@ class Replica:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(self.url + "/ready", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
 
 
 def child_argv(serve_argv: list[str], port: int) -> list[str]:
@@ -117,7 +112,7 @@ class Supervisor:
             for i in range(replicas)
         ]
         self.nginx: subprocess.Popen[bytes] | None = None
-        self.nginx_conf: Path | None = None
+        self.probe = httpx.Client()  # the /ready polls
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -138,7 +133,7 @@ class Supervisor:
                 logger.error("replica %d exited with %s before it was ready; its log: %s", replica.index,
                              replica.proc.returncode if replica.proc else None, replica.log_path)
                 return False
-            if replica.ready():
+            if ready(self.probe, replica.url, timeout_s=2.0):
                 logger.info("replica %d: ready on %s", replica.index, replica.url)
                 return True
             time.sleep(0.5)
@@ -151,14 +146,14 @@ class Supervisor:
         site.write_text(render_site(upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
                                     snippet=self.prefix / "llm-gateway-proxy.conf", log_dir=self.prefix,
                                     client_limits=self.client_limits))
-        self.nginx_conf = write_nginx_conf(self.prefix, [str(site)])
-        checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(self.nginx_conf)],
+        conf = write_nginx_conf(self.prefix, [str(site)])
+        checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
             logger.error("nginx -t refused the front's configuration:\n%s", checked.stderr)
             return False
         with (self.prefix / "nginx.out").open("ab") as log:
-            self.nginx = subprocess.Popen([binary, "-p", str(self.prefix), "-c", str(self.nginx_conf), "-g", "daemon off;"],
+            self.nginx = subprocess.Popen([binary, "-p", str(self.prefix), "-c", str(conf), "-g", "daemon off;"],
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         time.sleep(0.3)
         if self.nginx.poll() is not None:
@@ -197,14 +192,12 @@ class Supervisor:
             replica.start()
             replica.awaiting_ready = True
         for replica in self.replicas:
-            if replica.awaiting_ready and replica.alive() and replica.ready():
+            if replica.awaiting_ready and replica.alive() and ready(self.probe, replica.url, timeout_s=2.0):
                 replica.awaiting_ready = False
                 logger.info("replica %d: ready again on %s, %.0f s after its restart", replica.index, replica.url,
                             time.monotonic() - replica.started_at)
 
     def _rolling_reload(self) -> None:
-        from server.lifecycle.rolling_reload import RollError, roll
-
         keys = self.settings.auth.admin_keys
         try:
             steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info)

@@ -9,7 +9,6 @@ change (listen ports, upstream addresses, the snippet include path, the log dire
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -45,7 +44,7 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type:
 
 
 def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    found = front.nginx_binary()
     if not found:
         pytest.fail("nginx is not installed (CI installs it: .ci/run apt-installs nginx-light)")
     return found
