@@ -36,6 +36,7 @@ from server.errors import (
 )
 from server.lifecycle.in_place import RollbackFailed, prefetch, swap_weights
 from server.lifecycle.slot import EngineState, ReloadResult, Slot, wait_set
+from server.lifecycle.warmup import WarmupReport, warm_up, warmup_wanted
 from server.lifecycle.weights import ModelFiles, in_place_refusal, local_model_files
 from server.settings import ReloadSettings, Settings
 
@@ -58,6 +59,7 @@ class EngineHolder:
         self.state = EngineState.STARTING
         self.start_error: BaseException | None = None
         self.started_at: float | None = None
+        self.warmup: WarmupReport | None = None  # the last new engine's warm-up, if it had one
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
         self._serving = asyncio.Event()  # set while admission goes straight through
@@ -138,6 +140,7 @@ class EngineHolder:
             "stall": self.stall_reason,
             "weights": self.weights.identity() if self.weights else None,
             "last_reload": self.last_reload.as_dict() if self.last_reload else None,
+            "warmup_ms": self.warmup.total_ms if self.warmup else None,
         }
 
     def mark_stalled(self, reason: str) -> None:
@@ -181,14 +184,23 @@ class EngineHolder:
         return self._starts_in_progress > 0 or self._starts_abandoned > 0
 
     async def _make(self, settings: Settings) -> Engine:
+        """A new engine from the factory, warmed up (warmup.py) where the profile asks for it."""
         self._starts_in_progress += 1
         try:
-            return await self._factory(settings)
+            engine = await self._factory(settings)
         except asyncio.CancelledError:
             self._starts_abandoned += 1
             raise
         finally:
             self._starts_in_progress -= 1
+        if warmup_wanted(settings):
+            try:
+                self.warmup = await warm_up(engine)
+            except BaseException:
+                # a cancelled start or an engine that cannot generate: the engine is not kept
+                await engine.shutdown()
+                raise
+        return engine
 
     @property
     def closing(self) -> bool:

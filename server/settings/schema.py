@@ -64,6 +64,12 @@ class ServerSettings(BaseModel):
     """After a reload, the refreeze (one full collection, ~0.6 s of event loop on the H200) waits
     for a moment with no request in flight, at most this long; then it runs under load. 0: at once."""
 
+    warmup: bool | None = None
+    """Before an engine takes traffic (at start and after a drain-swap or blue-green reload), run a
+    few requests of the shapes traffic brings through it (a long prompt, then a batch of short ones;
+    server/lifecycle/warmup.py), so kernels compiled on first use (Triton's attention on the GPU) are
+    not compiled during a client's request. None: on a GPU, off on CPU (no such kernels there)."""
+
 
 class AuthSettings(BaseModel):
     """API keys. No key configured means open access (warned about off loopback)."""

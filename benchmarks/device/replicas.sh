@@ -1,0 +1,38 @@
+#!/bin/bash
+# N gateway replicas on one H200 behind nginx against one `vllm serve` (issue 36): benchmarks/replicas.py,
+# every engine up at once, cells interleaved, both load clients, as a run that outlives one call.
+#   run(command="bash benchmarks/device/replicas.sh start", carry=[".gpu/install.sh", ".gpu/pN", ".devtools/nginx"],
+#       needs_h200=true)
+#       the call with the last staged part (or any later one): starts the run in its own session
+#       (it survives the call while the machine stays warm), then waits like `wait`
+#   run(command="bash benchmarks/device/replicas.sh wait")
+#       waits until the run ends or this call's deadline, then packs under $OUT: replicas.jsonl (one
+#       line per client x way x concurrency x repeat), replicas.json (with the summary, once the run
+#       ended), replicas.log, replicas-work.tar.gz (every server's and client's log, machine samples)
+# Memory: vllm serve + 4 gateways at KV_GIB 8 is ~5 x 20 GiB, more than an H100's 78 GiB; on an H100
+# use REPLICAS=1,2 (or 1,2,3 with KV_GIB=5).
+# Knobs: REPLICAS (1,2,3,4), CONCURRENCY (256,512), REPEATS (3), CLIENTS (vllm-bench,loadtest), WORKERS (8
+# loadtest processes), KV_GIB (8), CONFIG (configs/gemma4-e2b-h200.yaml), RUN_S (the run's own deadline, 1300).
+set -uo pipefail
+source benchmarks/device/env.sh
+source benchmarks/device/detach.sh
+name=replicas
+DETACH_DIR=/tmp/$name
+if [ "${1:-}" = start ]; then
+  # the device image has no nginx: carry this machine's (benchmarks/device/carry-nginx.sh), used from the run's copy
+  [ -x .devtools/nginx/nginx ] && export PATH="$DETACH_DIR/src/.devtools/nginx:$PATH"
+  command -v nginx >/dev/null || [ -x .devtools/nginx/nginx ] || { echo "no nginx: carry .devtools/nginx"; exit 4; }
+  detach_start "$name" python3 -m benchmarks.replicas --device gpu --config "$PWD/${CONFIG:-configs/gemma4-e2b-h200.yaml}" \
+    --replicas "${REPLICAS:-1,2,3,4}" --concurrency "${CONCURRENCY:-256,512}" --repeats "${REPEATS:-3}" \
+    --clients "${CLIENTS:-vllm-bench,loadtest}" --loadtest-workers "${WORKERS:-8}" --kv-cache-gib "${KV_GIB:-8}" \
+    --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, text prompts" \
+    --workdir "$DETACH_DIR/work" --deadline-s "${RUN_S:-1300}" --out "$DETACH_DIR/replicas.jsonl" \
+    --doc "$DETACH_DIR/replicas.json"
+fi
+detach_wait "$name"
+cp "$DETACH_DIR"/replicas.json* "$DETACH_DIR/run.log" "$OUT/" 2>/dev/null
+mv "$OUT/run.log" "$OUT/replicas.log" 2>/dev/null
+tar czf "$OUT/replicas-work.tar.gz" -C "$DETACH_DIR" --exclude=src --exclude=raw --exclude=gemma-4-e2b-synth \
+  --exclude='*-run' --exclude='*-tmp' --exclude=vllm-cache . 2>/dev/null
+grep -E "ready in|rep [0-9]|stopped|Error|error|Traceback|Goal|meets|misses" "$DETACH_DIR/run.log" | cut -c1-300 | tail -45
+echo "replicas ${1:-wait} done after $(( SECONDS - t0 ))s"
