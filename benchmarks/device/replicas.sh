@@ -9,10 +9,12 @@
 #       waits until the run ends or this call's deadline, then packs under $OUT: replicas.jsonl (one
 #       line per client x way x concurrency x repeat), replicas.json (with the summary, once the run
 #       ended), replicas.log, replicas-work.tar.gz (every server's and client's log, machine samples)
-# Memory: vllm serve + 4 gateways at KV_GIB 8 is ~5 x 20 GiB, more than an H100's 78 GiB; on an H100
-# use REPLICAS=1,2 (or 1,2,3 with KV_GIB=5).
+# Memory: each engine of the decode profile is ~11.5 GiB plus its KV cache (KV_GIB, 8: c = 512 of 512 + 256
+# tokens fits one engine), so vllm serve + 4 gateways (~97 GiB) need an H200; on a card under 100 GiB
+# (an H100) REPLICAS defaults to 1,2.
 # Knobs: REPLICAS (1,2,3,4), CONCURRENCY (256,512), REPEATS (3), CLIENTS (vllm-bench,loadtest), WORKERS (8
-# loadtest processes), KV_GIB (8), CONFIG (configs/gemma4-e2b-h200.yaml), RUN_S (the run's own deadline, 1300).
+# loadtest processes), KV_GIB (8), CONFIG (configs/gemma4-e2b-h200-decode.yaml), RUN_S (the run's own deadline,
+# 1250).
 set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh
@@ -22,11 +24,14 @@ if [ "${1:-}" = start ]; then
   # the device image has no nginx: carry this machine's (benchmarks/device/carry-nginx.sh), used from the run's copy
   [ -x .devtools/nginx/nginx ] && export PATH="$DETACH_DIR/src/.devtools/nginx:$PATH"
   command -v nginx >/dev/null || [ -x .devtools/nginx/nginx ] || { echo "no nginx: carry .devtools/nginx"; exit 4; }
-  detach_start "$name" python3 -m benchmarks.replicas --device gpu --config "$PWD/${CONFIG:-configs/gemma4-e2b-h200.yaml}" \
+  gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  if [ -z "${REPLICAS:-}" ] && [ "${gib:-0}" -lt 100000 ]; then REPLICAS=1,2; fi
+  detach_start "$name" python3 -m benchmarks.replicas --device gpu --config "$PWD/${CONFIG:-configs/gemma4-e2b-h200-decode.yaml}" \
     --replicas "${REPLICAS:-1,2,3,4}" --concurrency "${CONCURRENCY:-256,512}" --repeats "${REPEATS:-3}" \
     --clients "${CLIENTS:-vllm-bench,loadtest}" --loadtest-workers "${WORKERS:-8}" --kv-cache-gib "${KV_GIB:-8}" \
-    --label "H200, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, text prompts" \
-    --workdir "$DETACH_DIR/work" --deadline-s "${RUN_S:-1300}" --out "$DETACH_DIR/replicas.jsonl" \
+    --label "$card, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, text prompts" \
+    --workdir "$DETACH_DIR/work" --deadline-s "${RUN_S:-1250}" --out "$DETACH_DIR/replicas.jsonl" \
     --doc "$DETACH_DIR/replicas.json"
 fi
 detach_wait "$name"
