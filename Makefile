@@ -14,8 +14,9 @@ else
 CONFIG ?= configs/embedded-cpu.yaml
 endif
 PYTEST_ARGS ?=
-# make serve REPLICAS=N: N gateway processes behind nginx on one port (server/replicas/)
-REPLICAS ?= 1
+# make serve REPLICAS=N: N gateway processes behind nginx on one port (server/replicas/); unset, the
+# profile's server.replicas decides
+REPLICAS ?=
 
 BIN := $(VENV)/bin
 LOCK := requirements/$(DEVICE).lock
@@ -86,7 +87,7 @@ model: $(STAMP)
 
 serve: model
 	@echo "==> serving $(CONFIG) (Ctrl-C to stop)"
-	$(BIN)/llm-gateway serve --config $(CONFIG) $(if $(filter-out 1,$(REPLICAS)),--replicas $(REPLICAS))
+	$(BIN)/llm-gateway serve --config $(CONFIG) $(if $(REPLICAS),--replicas $(REPLICAS))
 
 check-config: $(STAMP)
 	$(BIN)/llm-gateway check-config --config $(CONFIG)

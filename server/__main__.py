@@ -89,10 +89,11 @@ def _setup_logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _load(args)
     _setup_logging(settings.server.log_level)
-    if args.replicas > 1:
+    replicas = args.replicas if args.replicas is not None else settings.server.replicas
+    if replicas > 1:
         from server.replicas.supervisor import run_replicas
 
-        return run_replicas(settings, args.serve_argv, args.replicas, client_limits=not args.no_client_limits)
+        return run_replicas(settings, args.serve_argv, replicas, client_limits=not args.no_client_limits)
     from server.runner.gateway import run
 
     cli = _overrides(args)
@@ -220,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
 
     serve = sub.add_parser("serve", help="serve the OpenAI API")
     _add_config_args(serve)
-    serve.add_argument("--replicas", type=int, default=1, metavar="N",
+    serve.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="N gateway processes (each with its engine) on ports server.port+1..+N behind nginx "
                             "on server.host:server.port; on a GPU each takes 1/N of gpu_memory_utilization "
-                            "(default 1: one process, no nginx)")
+                            "(default: the profile's server.replicas, 1 unless set: one process, no nginx)")
     serve.add_argument("--no-client-limits", action="store_true",
                        help="with --replicas: leave out the shipped nginx site's per-client request and "
                             "connection limits (a load test from one address)")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "serve":
-        if args.replicas < 1:
+        if args.replicas is not None and args.replicas < 1:
             parser.error("--replicas needs a number >= 1")
         args.serve_argv = argv[1:]
     return int(args.func(args) or 0)

@@ -70,7 +70,7 @@ class Replica:
 
 def child_argv(serve_argv: list[str], port: int) -> list[str]:
     """`serve`'s own arguments for one replica: without --replicas, --host and --port, then bound to
-    127.0.0.1:port (only nginx faces the clients)."""
+    127.0.0.1:port (only nginx faces the clients) as one process."""
     out: list[str] = []
     skip = False
     for arg in serve_argv:
@@ -82,7 +82,8 @@ def child_argv(serve_argv: list[str], port: int) -> list[str]:
             skip = "=" not in arg and name != "--no-client-limits"
             continue
         out.append(arg)
-    return ["serve", *out, "--host", "127.0.0.1", "--port", str(port)]
+    # --replicas 1: a profile's own server.replicas must not make each replica a supervisor in turn
+    return ["serve", *out, "--host", "127.0.0.1", "--port", str(port), "--replicas", "1"]
 
 
 def memory_share(settings: Settings, replicas: int) -> str | None:

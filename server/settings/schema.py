@@ -64,6 +64,11 @@ class ServerSettings(BaseModel):
     """After a reload, the refreeze (one full collection, ~0.6 s of event loop on the H200) waits
     for a moment with no request in flight, at most this long; then it runs under load. 0: at once."""
 
+    replicas: int = Field(1, ge=1)
+    """Gateway processes, each with its own engine, behind nginx on `host:port` (`llm-gateway serve`
+    runs them: server/replicas/). On a GPU each takes 1/N of `engine.gpu_memory_utilization`. 1: one
+    process, no nginx. `serve --replicas N` overrides it."""
+
     warmup: bool | None = None
     """Before an engine takes traffic (at start and after a drain-swap or blue-green reload), run a
     few requests of the shapes traffic brings through it (a long prompt, then a batch of short ones;

@@ -5,6 +5,7 @@ and is started again; SIGTERM drains everything and leaves no process behind."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -65,7 +66,7 @@ def test_child_arguments_drop_the_front_and_bind_loopback() -> None:
     argv = ["--config", "c.yaml", "--replicas", "2", "--host=0.0.0.0", "--port", "9000", "--no-client-limits",
             "--log-level", "debug"]
     assert child_argv(argv, 9001) == ["serve", "--config", "c.yaml", "--log-level", "debug",
-                                      "--host", "127.0.0.1", "--port", "9001"]
+                                      "--host", "127.0.0.1", "--port", "9001", "--replicas", "1"]
 
 
 def test_the_site_without_client_limits_passes_nginx_t(tmp_path: Path) -> None:
@@ -87,7 +88,10 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "server", "serve", "--config", str(CONFIG), "--state-dir", str(STATE_DIR),
-             "--port", str(port), "--replicas", "2", "--no-client-limits"],
+             "--port", str(port), "--no-client-limits"],
+            # N from the profile (server.replicas), which the replicas inherit: each must still run
+            # as one process, not as a supervisor of its own
+            env={**os.environ, "LLM_GATEWAY_SERVER__REPLICAS": "2"},
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     replica_ports = [port + 1, port + 2]
