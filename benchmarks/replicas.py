@@ -114,6 +114,15 @@ def first_requests(urls: dict[str, str], model: str, tokenizer: str, prompt_toke
     return out
 
 
+def preemptions(base_url: str) -> float | None:
+    """vLLM's count of preempted requests on one server (None if it did not answer)."""
+    text = engine_side.metrics_text(base_url)
+    if text is None:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_preemptions_total"))
+
+
 def start_engines(a: argparse.Namespace, settings, profile: Path, workdir: Path, k: int,  # noqa: ANN001
                   t_end: float) -> tuple[dict[str, servers.Server], dict[str, float]]:
     """`vllm serve` (unless --no-vllm) and K gateways, all started at once, then waited for."""
@@ -287,6 +296,9 @@ def main() -> None:
     except (RuntimeError, TimeoutError) as exc:
         print(f"[replicas] stopped: {str(exc)[:3000]}", flush=True)
     finally:
+        # an engine short of KV cache preempts (vllm:num_preemptions_total), which would favour the replicas
+        meta["preemptions"] = {name: preemptions(srv.base_url) for name, srv in procs.items()}
+        print(f"[replicas] preemptions per engine: {meta['preemptions']}", flush=True)
         for front in fronts.values():
             front.stop()
         for srv in procs.values():
