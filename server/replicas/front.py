@@ -60,11 +60,37 @@ def render_site(*, upstreams: list[int], listen: str, snippet: Path, log_dir: Pa
     return replace_exactly(text, "/var/log/nginx/", f"{log_dir}/", 1, "log dir")
 
 
-def write_nginx_conf(prefix: Path, site_files: list[str]) -> Path:
+READY_PROXIED = """location = /ready {
+    proxy_pass http://llm_gateway;
+    proxy_read_timeout 10s;
+}
+"""
+READY_FILE = "ready.json"
+
+
+def ready_from_file(snippet: str, ready_dir: Path) -> str:
+    """The snippet with `/ready` answered from `ready_dir/ready.json` instead of one upstream: 200 with
+    the file while it exists, else 503 (the snippet's OpenAI-shaped error). Whoever runs the replicas
+    keeps the file saying how many of them are ready, so `/ready` tells the remaining capacity and not
+    just whichever replica nginx picked."""
+    return replace_exactly(snippet, READY_PROXIED, (
+        "location = /ready {\n"
+        f"    root {ready_dir};\n"
+        "    default_type application/json;\n"
+        '    add_header Cache-Control "no-store" always;\n'
+        f"    try_files /{READY_FILE} =503;\n"
+        "}\n"), 1, "/ready location")
+
+
+def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None = None) -> Path:
     """A minimal nginx.conf (what Debian's /etc/nginx/nginx.conf provides) under `prefix`, including
-    the sites; pid, logs and temp paths under `prefix` too, and the snippet copied there verbatim."""
+    the sites; pid, logs and temp paths under `prefix` too, and the snippet copied there verbatim
+    (with `ready_dir`: `/ready` answered from its file, `ready_from_file`)."""
     prefix.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SNIPPET, prefix / "llm-gateway-proxy.conf")
+    snippet = SNIPPET.read_text()
+    if ready_dir is not None:
+        snippet = ready_from_file(snippet, ready_dir)
+    (prefix / "llm-gateway-proxy.conf").write_text(snippet)
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (prefix / sub).mkdir(exist_ok=True)
     user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach a 0700 prefix

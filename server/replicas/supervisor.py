@@ -10,12 +10,15 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 - A replica that exits while the others serve is started again (nginx leaves it out meanwhile);
   one that keeps dying waits longer each time, up to a minute. The supervisor is a subreaper: the
   engine core of a replica killed outright is adopted and ended, not left holding its memory.
+- `/ready` on the front door answers from a file the supervisor keeps (every second): 200 with how
+  many replicas are ready while at least one is, else 503; not ready while draining.
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
 - SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -30,13 +33,14 @@ import httpx
 import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
-from server.replicas.front import nginx_binary, render_site, write_nginx_conf
+from server.replicas.front import READY_FILE, nginx_binary, render_site, write_nginx_conf
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.replicas")
 
 RESTART_BACKOFF_MAX_S = 60.0
+READY_POLL_S = 1.0  # how often /ready's file is brought up to date
 
 
 @dataclass
@@ -51,6 +55,7 @@ class Replica:
     restarts: int = 0
     backoff_s: float = 1.0
     awaiting_ready: bool = False
+    ready: bool = False  # its /ready at the supervisor's last look
 
     @property
     def url(self) -> str:
@@ -114,6 +119,7 @@ class Supervisor:
         ]
         self.nginx: subprocess.Popen[bytes] | None = None
         self.probe = httpx.Client()  # the /ready polls
+        self._ready_checked = 0.0
 
     # -- signals ---------------------------------------------------------------------------
 
@@ -147,7 +153,8 @@ class Supervisor:
         site.write_text(render_site(upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
                                     snippet=self.prefix / "llm-gateway-proxy.conf", log_dir=self.prefix,
                                     client_limits=self.client_limits))
-        conf = write_nginx_conf(self.prefix, [str(site)])
+        self._publish_ready()
+        conf = write_nginx_conf(self.prefix, [str(site)], ready_dir=self.prefix)
         checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
@@ -161,6 +168,33 @@ class Supervisor:
             logger.error("nginx exited at start: %s", (self.prefix / "error.log").read_text()[-2000:])
             return False
         return True
+
+    def _answers_ready(self, replica: Replica) -> bool:
+        """Its /ready: a definite answer decides; a slow one (an event loop busy under load) keeps
+        what it said last, so a loaded replica does not drop out of the count."""
+        try:
+            return self.probe.get(replica.url + "/ready", timeout=2.0).status_code == 200
+        except httpx.TimeoutException:
+            return replica.ready
+        except httpx.HTTPError:
+            return False
+
+    def _publish_ready(self) -> None:
+        """/ready's file (front.ready_from_file): present with the ready replicas while at least one
+        is ready and the supervisor is not stopping, absent otherwise (nginx then answers 503)."""
+        path = self.prefix / READY_FILE
+        for r in self.replicas:
+            r.ready = r.alive() and self._answers_ready(r)
+        up = [] if self.stopping else [r for r in self.replicas if r.ready]
+        self._ready_checked = time.monotonic()
+        if not up:
+            path.unlink(missing_ok=True)
+            return
+        body = {"status": "ready", "replicas": self.n, "ready_replicas": len(up),
+                "ready_ports": [r.port for r in up]}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(body) + "\n")
+        os.replace(tmp, path)
 
     def _end_orphans(self) -> None:
         """A replica killed outright leaves its engine core running, with gigabytes of memory; as
@@ -207,6 +241,8 @@ class Supervisor:
             logger.error("rolling reload stopped: %s", exc)
 
     def _stop_all(self) -> None:
+        self.stopping = True
+        (self.prefix / READY_FILE).unlink(missing_ok=True)  # draining: /ready says 503 from now on
         for replica in self.replicas:
             if replica.alive() and replica.proc is not None:
                 replica.proc.send_signal(signal.SIGTERM)
@@ -259,6 +295,8 @@ class Supervisor:
                     return 1
                 self._end_orphans()
                 self._restart_dead()
+                if time.monotonic() - self._ready_checked >= READY_POLL_S:
+                    self._publish_ready()
                 if self.reload_requested:
                     self.reload_requested = False
                     self._rolling_reload()

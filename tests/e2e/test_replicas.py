@@ -1,7 +1,8 @@
 """`llm-gateway serve --replicas 2` (`make serve REPLICAS=2`, server/replicas/): two real gateways on
-the real vLLM CPU engine behind real nginx on one port. Requests through the front reach both; a
-replica killed under load loses no request (nginx retries what it had sent there on the other one)
-and is started again; SIGTERM drains everything and leaves no process behind."""
+the real vLLM CPU engine behind real nginx on one port. Requests through the front reach both; the
+front's /ready counts the ready replicas; a replica killed under load loses no request (nginx retries
+what it had sent there on the other one), /ready says one is left, and it is started again; SIGTERM
+drains everything and leaves no process behind."""
 
 from __future__ import annotations
 
@@ -76,10 +77,17 @@ def test_the_site_without_client_limits_passes_nginx_t(tmp_path: Path) -> None:
                                       client_limits=False))
     text = site.read_text()
     assert "zone $binary_remote_addr" not in text and text.count("server 127.0.0.1:900") == 2
-    conf = front.write_nginx_conf(tmp_path, [str(site)])
+    conf = front.write_nginx_conf(tmp_path, [str(site)], ready_dir=tmp_path)
+    snippet = (tmp_path / "llm-gateway-proxy.conf").read_text()
+    assert f"root {tmp_path};" in snippet and "try_files /ready.json =503;" in snippet
     checked = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(conf)],
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
+
+
+def ready_count(base: str) -> tuple[int, int | None]:
+    r = httpx.get(base + "/ready", timeout=10)
+    return r.status_code, (r.json().get("ready_replicas") if r.status_code == 200 else None)
 
 
 def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
@@ -113,6 +121,10 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             # no per-client limit with --no-client-limits: a burst past the shipped 10/s + 20 gets no 429
             codes = [client.get(base + "/v1/models", timeout=10).status_code for _ in range(40)]
             assert set(codes) == {200}, codes
+            # /ready on the front door counts the replicas, not just the one nginx picked
+            r = client.get(base + "/ready", timeout=10)
+            assert r.status_code == 200 and r.json() == {"status": "ready", "replicas": 2, "ready_replicas": 2,
+                                                         "ready_ports": replica_ports}, r.text
 
         # a replica killed under load: nginx sends what it had open there to the other one
         results: list[int] = []
@@ -136,6 +148,8 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         assert left_behind
         victim.kill()
         killed_at = len(results)
+        # within the supervisor's next look, /ready says one replica is left (still 200: it serves)
+        assert wait_for(lambda: ready_count(base) == (200, 1), timeout=10, interval=0.2), ready_count(base)
         # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
         assert wait_for(lambda: len(results) >= killed_at + 8, timeout=120, interval=0.2), results
         stop.set()
@@ -149,6 +163,7 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         # ... and the supervisor started it again
         assert wait_for(lambda: "ready again" in log(), timeout=180, interval=0.5), log()[-3000:]
         assert httpx.get(f"http://127.0.0.1:{replica_ports[0]}/ready", timeout=5).status_code == 200
+        assert wait_for(lambda: ready_count(base) == (200, 2), timeout=10, interval=0.2), ready_count(base)
         print([line.split("replicas: ")[-1] for line in log().splitlines() if "ready again" in line])
 
         # SIGTERM: the replicas drain, nginx quits, nothing is left
