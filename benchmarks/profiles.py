@@ -260,7 +260,7 @@ def trace_single_stream(llm, name: str, rng: random.Random, run, trace_dir: Path
 
     (dt, _, n_out), files = _traced(llm, trace_dir, dry, lambda: run(random_prompts(rng, 1, 1024), tokens))
     _append_steps(out, {"profile": name, "elapsed_s": round(dt, 4), "tokens_per_s_traced": round(n_out / dt, 1),
-                        **summarise(trace_dir, n_out, files=files or None)})
+                        **summarise(trace_dir, n_out, files=files)})
 
 
 def trace_decode_batch(llm, name: str, rng: random.Random, run, trace_dir: Path, out: Path, dry: bool,
@@ -278,7 +278,7 @@ def trace_decode_batch(llm, name: str, rng: random.Random, run, trace_dir: Path,
     busy = {}
     for n in (1, 1 + steps):
         _, files = _traced(llm, trace_dir, dry, lambda n=n: once(n))
-        busy[n] = summarise(trace_dir, streams * n, top=200, files=files or None)
+        busy[n] = summarise(trace_dir, streams * n, top=200, files=files)
     # the kernels of the decode steps alone: the longer run's minus the prefill-only run's
     k_long, k_short = busy[1 + steps].get("top_kernels_ms") or {}, busy[1].get("top_kernels_ms") or {}
     decode_kernels = {k: round((v - k_short.get(k, 0.0)) / steps, 4) for k, v in k_long.items()}

@@ -37,7 +37,7 @@ def summarise(trace_dir: Path, tokens: int, top: int = 12, files: list[Path] | N
     """Summary of the traces under `trace_dir` for a run that produced `tokens` output tokens:
     the GPU's busy time (union of kernel, copy and memset intervals) against the span from the first
     to the last of them, per token, and the kernels that took the most GPU time. `files`: only these
-    (the traces of one profiled run), else every trace under `trace_dir`."""
+    (the traces of one profiled run; none gives an empty summary), else every trace under `trace_dir`."""
     files = sorted(p for p in (files if files is not None else trace_dir.rglob("*"))
                    if p.is_file() and (p.suffix == ".gz" or p.suffix == ".json"))
     best: dict | None = None

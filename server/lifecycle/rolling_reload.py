@@ -19,8 +19,9 @@ import httpx
 
 @dataclass
 class Step:
+    """One instance reloaded and ready again (a failure raises RollError instead)."""
+
     url: str
-    ok: bool
     detail: str
     seconds: float
 
@@ -102,7 +103,7 @@ def roll(
             if not _wait_ready(client, url, ready_timeout_s, poll_s):
                 raise RollError(f"{url}: reloaded ({detail}) but not ready after {ready_timeout_s:.0f} s; "
                                 "the remaining instances were not reloaded")
-            step = Step(url, True, detail, time.monotonic() - t0)
+            step = Step(url, detail, time.monotonic() - t0)
             steps.append(step)
             report(f"[{i + 1}/{len(urls)}] {url}: {detail}, ready after {step.seconds:.1f} s")
     finally:
