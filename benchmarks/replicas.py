@@ -41,8 +41,7 @@ from benchmarks.lib import engine_side, servers
 from benchmarks.lib.clients import CLIENTS, from_loadtest, from_vllm_bench, vllm_bench_cmd
 from benchmarks.lib.gpu import GpuSampler
 from benchmarks.lib.replicas_report import balance, engine_memory, engine_warmup, goal_check, summarize, table
-from benchmarks.lib.servers import ROOT
-from benchmarks.lib.ways import client_workers, loadtest_cmd, requests_for, seed_for, vllm_serve_cmd
+from benchmarks.lib.ways import client_workers, launch_http_server, loadtest_cmd, requests_for, seed_for
 
 class Front:
     """nginx serving the shipped site over some gateway ports (server/replicas/front.py)."""
@@ -126,23 +125,9 @@ def preemptions(base_url: str) -> float | None:
 def start_engines(a: argparse.Namespace, settings, profile: Path, workdir: Path, k: int,  # noqa: ANN001
                   t_end: float) -> tuple[dict[str, servers.Server], dict[str, float]]:
     """`vllm serve` (unless --no-vllm) and K gateways, all started at once, then waited for."""
-    from server.engine import engine_args_kwargs
-
-    procs: dict[str, servers.Server] = {}
     names = ([] if a.no_vllm else ["vllm"]) + [f"gateway{i + 1}" for i in range(k)]
-    for name in names:
-        port = servers.free_port()
-        dirs = {"VLLM_RPC_BASE_PATH": servers.rpc_dir(workdir, f"{name}-run"), "TMPDIR": workdir / f"{name}-tmp"}
-        for d in dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        env = servers.clean_env({**settings.engine.env, **{key: str(v) for key, v in dirs.items()}})
-        env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
-        if name == "vllm":
-            cmd = vllm_serve_cmd(engine_args_kwargs(settings), port)
-        else:
-            cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
-        print(f"[{name}] starting: {' '.join(cmd)}", flush=True)
-        procs[name] = servers.start_server(name, cmd, workdir / f"{name}.log", port, env)
+    procs = {name: launch_http_server("vllm" if name == "vllm" else "gateway", settings, profile, workdir, name)
+             for name in names}
     start_s: dict[str, float] = {}
     try:
         for name, srv in procs.items():
@@ -170,18 +155,8 @@ def run_client(client: str, base_url: str, c: int, rep: int, a: argparse.Namespa
         workers = client_workers(c, a.loadtest_workers)
         cmd = loadtest_cmd(base_url, model, c, n, min(c, a.warmup), a.input_tokens, a.output_tokens, a.vocab_size, seed, raw,
                            workers=workers, text_tokenizer=tokenizer)
-    with (workdir / f"{client}.log").open("a") as lf:
-        lf.write(f"\n==== {tag}: {' '.join(cmd)}\n")
-        lf.flush()
-        try:
-            subprocess.run(cmd, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, env=servers.clean_env(),
-                           timeout=max(1.0, t_end - time.monotonic()), check=True)
-        except subprocess.TimeoutExpired:
-            print(f"[{tag}] stopped at the deadline", flush=True)
-            return None
-        except subprocess.CalledProcessError as exc:
-            print(f"[{tag}] {client} exited {exc.returncode} (see {lf.name})", flush=True)
-            return None
+    if not servers.run_logged(cmd, workdir / f"{client}.log", f"{tag}: {' '.join(cmd)}", t_end, tag):
+        return None
     doc = json.loads(raw.read_text())
     fields = from_vllm_bench(doc) if client == "vllm-bench" else from_loadtest(doc["runs"][0]["summary"])
     return {**fields, "requests": n, "client_processes": workers}

@@ -185,6 +185,24 @@ def start_server(name: str, cmd: list[str], log_path: Path, port: int, env: dict
     return Server(name, proc, port, log_path)
 
 
+def run_logged(cmd: list[str], log_path: Path, header: str, t_end: float, tag: str) -> bool:
+    """A load client to its end (or the driver's deadline `t_end`, monotonic), its output appended to
+    `log_path` after a header line; False, with a line saying why, if it did not finish cleanly."""
+    with log_path.open("a") as lf:
+        lf.write(f"\n==== {header}\n")
+        lf.flush()
+        try:
+            subprocess.run(cmd, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, env=clean_env(),
+                           timeout=max(1.0, t_end - time.monotonic()), check=True)
+        except subprocess.TimeoutExpired:
+            print(f"[{tag}] stopped at the deadline", flush=True)
+            return False
+        except subprocess.CalledProcessError as exc:
+            print(f"[{tag}] exited {exc.returncode} (see {log_path})", flush=True)
+            return False
+    return True
+
+
 def _descendants(pid: int) -> list[Any]:
     import psutil  # vLLM's dependency: present wherever a server runs
 

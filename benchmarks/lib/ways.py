@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import engine_side, servers
-from benchmarks.lib.servers import ROOT
 
 WAYS = ("inproc", "gateway", "vllm")  # the default ways; `vllmN` ways are asked for by name
 WAY_LABEL = {"inproc": "in-process AsyncLLM", "gateway": "gateway (loadtest)", "vllm": "vllm serve (loadtest)"}
@@ -260,12 +258,15 @@ def inproc_child_cmd(a: argparse.Namespace, profile: Path, workdir: Path, t_end:
     return cmd, env
 
 
-def start_http_server(way: str, settings, profile: Path, workdir: Path, t_end: float):  # noqa: ANN001, ANN201
-    """The gateway or `vllm serve` on the profile, ready; returns (server, seconds to ready)."""
+def launch_http_server(way: str, settings, profile: Path, workdir: Path,  # noqa: ANN001
+                       name: str | None = None) -> servers.Server:
+    """The gateway or `vllm serve` (`way`) on the profile, started, not waited for; `name` (default
+    the way) names its log, IPC and temp folders under `workdir`."""
     from server.engine import engine_args_kwargs
 
+    name = name or way
     port = servers.free_port()
-    dirs = {"VLLM_RPC_BASE_PATH": servers.rpc_dir(workdir, f"{way}-run"), "TMPDIR": workdir / f"{way}-tmp"}
+    dirs = {"VLLM_RPC_BASE_PATH": servers.rpc_dir(workdir, f"{name}-run"), "TMPDIR": workdir / f"{name}-tmp"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     env = servers.clean_env({**settings.engine.env, **{k: str(v) for k, v in dirs.items()}})
@@ -274,8 +275,13 @@ def start_http_server(way: str, settings, profile: Path, workdir: Path, t_end: f
         cmd = [sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port)]
     else:
         cmd = vllm_serve_cmd(engine_args_kwargs(settings), port, api_server_count(way) or 1)
-    print(f"[{way}] starting: {' '.join(cmd)}", flush=True)
-    server = servers.start_server(way, cmd, workdir / f"{way}.log", port, env)
+    print(f"[{name}] starting: {' '.join(cmd)}", flush=True)
+    return servers.start_server(name, cmd, workdir / f"{name}.log", port, env)
+
+
+def start_http_server(way: str, settings, profile: Path, workdir: Path, t_end: float):  # noqa: ANN001, ANN201
+    """The gateway or `vllm serve` on the profile, ready; returns (server, seconds to ready)."""
+    server = launch_http_server(way, settings, profile, workdir)
     try:
         start_s = server.wait_ready("/ready" if way == "gateway" else "/health", max(1.0, t_end - time.monotonic()))
     except BaseException:
@@ -295,18 +301,8 @@ def http_cell(way: str, server, c: int, a: argparse.Namespace, model: str, workd
                           seed_for(a.seed + 100 * rep, c), raw, workers=workers,
                           text_tokenizer=getattr(a, "text_tokenizer", None))
     meter = engine_side.CellMeter(server.proc.pid, lambda: engine_side.scrape(server.base_url))
-    with (workdir / f"{way}-loadtest.log").open("a") as lf:
-        lf.write(f"\n==== {' '.join(cmd_lt)}\n")
-        lf.flush()
-        try:
-            subprocess.run(cmd_lt, cwd=ROOT, stdout=lf, stderr=subprocess.STDOUT, env=servers.clean_env(),
-                           timeout=max(1.0, t_end - time.monotonic()), check=True)
-        except subprocess.TimeoutExpired:
-            print(f"[{way}] c={c}: loadtest stopped at the deadline", flush=True)
-            return None
-        except subprocess.CalledProcessError as exc:
-            print(f"[{way}] c={c}: loadtest exited {exc.returncode} (see {lf.name})", flush=True)
-            return None
+    if not servers.run_logged(cmd_lt, workdir / f"{way}-loadtest.log", " ".join(cmd_lt), t_end, f"{way}] [c={c}"):
+        return None
     side = meter.stop()
     summary = json.loads(raw.read_text())["runs"][0]["summary"]
     shown = [x if not x.startswith("http://") else "$BASE_URL" for x in cmd_lt]

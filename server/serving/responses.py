@@ -11,7 +11,7 @@ ignored (as `vllm serve` does by default) and `previous_response_id` is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,6 @@ from server.protocol.responses import (
     IncompleteDetails,
     OutputItem,
     OutputItemEvent,
-    OutputMessage,
-    OutputText,
     ReasoningOutput,
     ReasoningText,
     ReasoningTextDeltaEvent,
@@ -35,7 +33,6 @@ from server.protocol.responses import (
     ResponseUsage,
     StreamEvent,
     TextDeltaEvent,
-    TextDoneEvent,
 )
 from server.request_state import RequestStats
 from server.serving.chat import chat_prompt_ids

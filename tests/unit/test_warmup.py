@@ -18,6 +18,14 @@ def settings(name: str = "m", warmup: bool | None = True, strategy: str = "drain
                     server=ServerSettings(warmup=warmup), reload=ReloadSettings(strategy=strategy))
 
 
+def holder_of(engine: FakeEngine, warmup: bool | None = True) -> EngineHolder:
+    """A holder whose factory returns `engine`."""
+    async def factory(s: Settings) -> FakeEngine:
+        return engine
+
+    return EngineHolder(settings(warmup=warmup), factory)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -59,11 +67,7 @@ async def test_each_new_engine_runs_the_shapes_before_it_serves(strategy: str) -
 @pytest.mark.anyio
 async def test_off_runs_nothing() -> None:
     engine = FakeEngine()
-
-    async def factory(s: Settings) -> FakeEngine:
-        return engine
-
-    holder = EngineHolder(settings(warmup=False), factory)
+    holder = holder_of(engine, warmup=False)
     await holder.start()
     assert engine.sampled == [] and holder.warmup is None and holder.status()["warmup_ms"] is None
 
@@ -71,11 +75,7 @@ async def test_off_runs_nothing() -> None:
 @pytest.mark.anyio
 async def test_a_failed_warmup_fails_the_start_and_stops_the_engine() -> None:
     engine = FakeEngine(fail_after=0)
-
-    async def factory(s: Settings) -> FakeEngine:
-        return engine
-
-    holder = EngineHolder(settings(), factory)
+    holder = holder_of(engine)
     with pytest.raises(Exception, match="scripted engine failure"):
         await holder.start()
     assert holder.state is EngineState.DEAD and engine.closed
@@ -84,11 +84,7 @@ async def test_a_failed_warmup_fails_the_start_and_stops_the_engine() -> None:
 @pytest.mark.anyio
 async def test_a_cancelled_warmup_stops_the_engine() -> None:
     engine = FakeEngine(delay_s=0.05)
-
-    async def factory(s: Settings) -> FakeEngine:
-        return engine
-
-    holder = EngineHolder(settings(), factory)
+    holder = holder_of(engine)
     task = asyncio.create_task(holder.start())
     await asyncio.sleep(0.02)
     task.cancel()
