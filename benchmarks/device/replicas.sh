@@ -9,9 +9,9 @@
 #       waits until the run ends or this call's deadline, then packs under $OUT: replicas.jsonl (one
 #       line per client x way x concurrency x repeat), replicas.json (with the summary, once the run
 #       ended), replicas.log, replicas-work.tar.gz (every server's and client's log, machine samples)
-# Memory: each engine of the decode profile is ~11.5 GiB plus its KV cache (KV_GIB, 8: c = 512 of 512 + 256
-# tokens fits one engine), so vllm serve + 4 gateways (~97 GiB) need an H200; on a card under 100 GiB
-# (an H100) REPLICAS defaults to 1,2.
+# Memory: each engine of the decode profile took ~24 GiB on the H100 with KV_GIB 8 (c = 512 of 512 + 256
+# tokens fits one engine, no preemption), so vllm serve + 4 gateways (~120 GiB) need an H200; on a card
+# under 100 GiB (an H100) REPLICAS defaults to 1,2 (vllm serve + 3 gateways ran out of memory there).
 # Knobs: REPLICAS (1,2,3,4), CONCURRENCY (256,512), REPEATS (3), CLIENTS (vllm-bench,loadtest), WORKERS (8
 # loadtest processes), KV_GIB (8), CONFIG (configs/gemma4-e2b-h200-decode.yaml), RUN_S (the run's own deadline,
 # 1250).
