@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,53 +37,25 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import engine_side, servers
-from benchmarks.lib.clients import CLIENTS, from_loadtest, from_vllm_bench, vllm_bench_cmd
+from benchmarks.lib.clients import CLIENTS, from_vllm_bench, vllm_bench_cmd
 from benchmarks.lib.gpu import GpuSampler
 from benchmarks.lib.replicas_report import balance, engine_memory, engine_warmup, goal_check, summarize, table
-from benchmarks.lib.ways import client_workers, launch_http_server, loadtest_cmd, requests_for, seed_for
+from benchmarks.lib.ways import (client_workers, launch_http_server, loadtest_cmd, requests_for, seed_for,
+                                 summary_fields)
 
-class Front:
-    """nginx serving the shipped site over some gateway ports (server/replicas/front.py)."""
+def start_front(name: str, upstreams: list[int], workdir: Path) -> servers.Server:
+    """nginx serving the shipped site over some gateway ports (server/replicas/front.py, per-client
+    limits off), started, not waited for."""
+    from server.replicas import front
 
-    def __init__(self, name: str, upstreams: list[int], workdir: Path):
-        from server.replicas import front
-
-        binary = front.nginx_binary()
-        if binary is None:
-            raise RuntimeError("nginx is not installed (Debian: apt-get install nginx)")
-        self.port = servers.free_port()
-        prefix = workdir / f"nginx-{name}"
-        prefix.mkdir(parents=True, exist_ok=True)
-        site = prefix / "site.conf"
-        site.write_text(front.render_site(upstreams=upstreams, listen=f"127.0.0.1:{self.port}",
-                                          snippet=prefix / "llm-gateway-proxy.conf", log_dir=prefix,
-                                          client_limits=False))
-        conf = front.write_nginx_conf(prefix, [str(site)])
-        self.proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"],
-                                     stdout=(prefix / "nginx.out").open("ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        import httpx
-
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nginx exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.base_url + "/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("nginx front not ready")
-
-    def stop(self) -> None:
-        servers.stop_group(self.proc, grace_s=10)
+    binary = front.nginx_binary()
+    if binary is None:
+        raise RuntimeError("nginx is not installed (Debian: apt-get install nginx)")
+    port = servers.free_port()
+    prefix = workdir / f"nginx-{name}"
+    conf = front.write_front(prefix, upstreams=upstreams, listen=f"127.0.0.1:{port}", client_limits=False)
+    return servers.start_server(name, [binary, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"],
+                                prefix / "nginx.out", port, servers.clean_env())
 
 
 def first_requests(urls: dict[str, str], model: str, tokenizer: str, prompt_tokens: int,
@@ -158,7 +129,7 @@ def run_client(client: str, base_url: str, c: int, rep: int, a: argparse.Namespa
     if not servers.run_logged(cmd, workdir / f"{client}.log", f"{tag}: {' '.join(cmd)}", t_end, tag):
         return None
     doc = json.loads(raw.read_text())
-    fields = from_vllm_bench(doc) if client == "vllm-bench" else from_loadtest(doc["runs"][0]["summary"])
+    fields = from_vllm_bench(doc) if client == "vllm-bench" else summary_fields(doc["runs"][0]["summary"])
     return {**fields, "requests": n, "client_processes": workers}
 
 
@@ -216,7 +187,7 @@ def main() -> None:
                             "prompts": "text (random tokens decoded by the model's tokenizer)"}
     concurrencies = [int(x) for x in a.concurrency.split(",")]
     procs: dict[str, servers.Server] = {}
-    fronts: dict[str, Front] = {}
+    fronts: dict[str, servers.Server] = {}
     sampler = GpuSampler() if gpu else None
     recs: list[dict[str, Any]] = []
     try:
@@ -231,9 +202,9 @@ def main() -> None:
         print(f"[replicas] first requests' TTFT ms (one at a time): {meta['first_requests_ttft_ms']}; "
               f"warm-ups: {meta['warmup']}", flush=True)
         for n in counts:
-            fronts[f"r{n}"] = Front(f"r{n}", gw_ports[:n], workdir)
+            fronts[f"r{n}"] = start_front(f"r{n}", gw_ports[:n], workdir)
         for front in fronts.values():
-            front.wait_ready()
+            front.wait_ready("/ready", 30.0)
         ways = ([] if a.no_vllm else ["vllm"]) + list(fronts)
         urls = {"vllm": procs["vllm"].base_url} if not a.no_vllm else {}
         urls.update({w: f.base_url for w, f in fronts.items()})
@@ -275,7 +246,7 @@ def main() -> None:
         meta["preemptions"] = {name: preemptions(srv.base_url) for name, srv in procs.items()}
         print(f"[replicas] preemptions per engine: {meta['preemptions']}", flush=True)
         for front in fronts.values():
-            front.stop()
+            front.stop(grace_s=10)
         for srv in procs.values():
             srv.stop(grace_s=30)
         if sampler:

@@ -1,6 +1,6 @@
 """The two load clients the replicas benchmark runs on every way (benchmarks/replicas.py): vLLM's own
 `vllm bench serve` (through benchmarks/vllm_cli.py) and `loadtest`, their commands and their results
-in one set of fields (those of lib/ways.result_line)."""
+in one set of fields (lib/ways.summary_fields, which reads loadtest's summaries)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def vllm_bench_cmd(base_url: str, model: str, tokenizer: str, c: int, n: int, a:
 
 
 def from_vllm_bench(res: dict[str, Any]) -> dict[str, Any]:
-    """vllm bench serve's result file in the fields of loadtest's result lines (lib/ways.result_line)."""
+    """vllm bench serve's result file in the fields of loadtest's result lines (lib/ways.summary_fields)."""
     def r3(key: str) -> float | None:
         v = res.get(key)
         return None if v is None else round(float(v), 3)
@@ -38,20 +38,3 @@ def from_vllm_bench(res: dict[str, Any]) -> dict[str, Any]:
             "ttft_p50_ms": r3("median_ttft_ms"), "ttft_p99_ms": r3("p99_ttft_ms"),
             "tpot_p50_ms": r3("median_tpot_ms"), "tpot_p99_ms": r3("p99_tpot_ms"),
             "itl_p50_ms": r3("median_itl_ms"), "itl_p99_ms": r3("p99_itl_ms")}
-
-
-def from_loadtest(summary: dict[str, Any]) -> dict[str, Any]:
-    def q(name: str, key: str) -> float | None:
-        v = (summary.get(name) or {}).get(key)
-        return None if v is None or v != v else round(float(v), 3)
-
-    return {"completed": summary.get("completed"), "failed": summary.get("failed"),
-            "duration_s": round(summary.get("duration_s") or 0.0, 3),
-            "request_throughput": round(summary.get("request_throughput") or 0.0, 3),
-            "output_token_throughput": round(summary.get("output_token_throughput") or 0.0, 2),
-            "total_output_tokens": summary.get("total_output_tokens"),
-            "total_input_tokens": summary.get("total_input_tokens"),
-            "ttft_p50_ms": q("ttft_ms", "median"), "ttft_p99_ms": q("ttft_ms", "p99"),
-            "tpot_p50_ms": q("tpot_ms", "median"), "tpot_p99_ms": q("tpot_ms", "p99"),
-            "itl_p50_ms": q("itl_ms", "median"), "itl_p99_ms": q("itl_ms", "p99"),
-            "errors": summary.get("errors") or {}}

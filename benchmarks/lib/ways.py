@@ -123,16 +123,15 @@ def vllm_serve_cmd(kwargs: dict[str, Any], port: int, api_servers: int = 1) -> l
     return cmd
 
 
-def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """One measurement, flat, from a loadtest-style summary (loadtest.metrics.summarize)."""
+def summary_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """A loadtest-style summary (loadtest.metrics.summarize) as flat result fields (NaN -> None)."""
     def q_value(v: Any) -> float | None:
         return None if v is None or v != v else round(float(v), 3)
 
     def q(name: str, key: str) -> float | None:
         return q_value((summary.get(name) or {}).get(key))
 
-    rec = {
-        "bench": "http_overhead", "way": way, "concurrency": concurrency,
+    return {
         "completed": summary.get("completed"), "failed": summary.get("failed"),
         "duration_s": round(summary.get("duration_s") or 0.0, 4),
         "request_throughput": round(summary.get("request_throughput") or 0.0, 4),
@@ -146,10 +145,13 @@ def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: An
         "itl_p50_ms": q("itl_ms", "median"), "itl_p99_ms": q("itl_ms", "p99"),
         "e2e_p50_ms": q("e2e_ms", "median"), "send_lag_p99_ms": q("send_lag_ms", "p99"),
         "errors": summary.get("errors") or {},
-        "time": servers.now_utc(),
     }
-    rec.update(extra)
-    return rec
+
+
+def result_line(way: str, concurrency: int, summary: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One measurement, flat, from a loadtest-style summary (loadtest.metrics.summarize)."""
+    return {"bench": "http_overhead", "way": way, "concurrency": concurrency, **summary_fields(summary),
+            "time": servers.now_utc(), **extra}
 
 
 # ------------------------------------------------------------------------- table / goal check

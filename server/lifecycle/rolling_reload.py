@@ -30,10 +30,13 @@ class RollError(Exception):
     """The roll stopped before every instance was reloaded."""
 
 
-def ready(client: httpx.Client, url: str, timeout_s: float = 5.0) -> bool:
-    """The instance at `url` answers 200 on /ready (False when unreachable)."""
+def ready(client: httpx.Client, url: str, timeout_s: float = 5.0, on_timeout: bool = False) -> bool:
+    """The instance at `url` answers 200 on /ready (False when unreachable; `on_timeout` when it
+    does not answer within `timeout_s`)."""
     try:
         return client.get(url + "/ready", timeout=timeout_s).status_code == 200
+    except httpx.TimeoutException:
+        return on_timeout
     except httpx.HTTPError:
         return False
 

@@ -47,9 +47,8 @@ def warmup_wanted(settings: Settings) -> bool:
     return settings.engine.resolved_device() == "gpu"
 
 
-def prompt_ids(engine: Engine, tokens: int) -> list[int]:
-    """`tokens` ids of ordinary text in the engine's own tokenizer."""
-    base = engine.encode(TEXT, add_special_tokens=False) or [0]
+def prompt_ids(base: list[int], tokens: int) -> list[int]:
+    """`tokens` ids: `base` (TEXT in the engine's own tokenizer) repeated."""
     return (base * (tokens // len(base) + 1))[:tokens]
 
 
@@ -63,9 +62,10 @@ async def warm_up(engine: Engine) -> WarmupReport:
     """Run the warm-up requests (module docstring); an engine error propagates (the start fails)."""
     t0 = time.monotonic()
     room = max(16, engine.info.max_model_len - 16)
-    await _one(engine, prompt_ids(engine, min(LONG_PROMPT_TOKENS, room)), 4)
+    base = engine.encode(TEXT, add_special_tokens=False) or [0]
+    await _one(engine, prompt_ids(base, min(LONG_PROMPT_TOKENS, room)), 4)
     first_ms = (time.monotonic() - t0) * 1000
-    await asyncio.gather(*(_one(engine, prompt_ids(engine, min(32 * (i + 1), room)), 8 + 2 * i)
+    await asyncio.gather(*(_one(engine, prompt_ids(base, min(32 * (i + 1), room)), 8 + 2 * i)
                            for i in range(BATCH)))
     report = WarmupReport(requests=1 + BATCH, first_ms=round(first_ms, 1),
                           total_ms=round((time.monotonic() - t0) * 1000, 1))

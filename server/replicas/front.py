@@ -115,3 +115,14 @@ def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None
         "}\n"
     )
     return conf
+
+
+def write_front(prefix: Path, *, upstreams: list[int], listen: str, client_limits: bool = True,
+                ready_dir: Path | None = None) -> Path:
+    """The whole front door under `prefix`: the site (`render_site`, as `llm-gateway.conf`) over
+    `upstreams`, listening on `listen`, and the nginx.conf including it (`write_nginx_conf`)."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    site = prefix / "llm-gateway.conf"
+    site.write_text(render_site(upstreams=upstreams, listen=listen, snippet=prefix / "llm-gateway-proxy.conf",
+                                log_dir=prefix, client_limits=client_limits))
+    return write_nginx_conf(prefix, [str(site)], ready_dir=ready_dir)

@@ -33,7 +33,7 @@ import httpx
 import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
-from server.replicas.front import READY_FILE, nginx_binary, render_site, write_nginx_conf
+from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
@@ -62,6 +62,7 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.ready = False  # until the new process answers
         with self.log_path.open("ab") as log:
             # its own session: Ctrl-C reaches the supervisor only, which drains the replicas in order
             self.proc = subprocess.Popen([sys.executable, "-m", "server", *self.argv], env=self.env,
@@ -149,12 +150,9 @@ class Supervisor:
     def _start_nginx(self, binary: str) -> bool:
         s = self.settings.server
         host = f"[{s.host}]" if ":" in s.host else s.host
-        site = self.prefix / "llm-gateway.conf"
-        site.write_text(render_site(upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
-                                    snippet=self.prefix / "llm-gateway-proxy.conf", log_dir=self.prefix,
-                                    client_limits=self.client_limits))
         self._publish_ready()
-        conf = write_nginx_conf(self.prefix, [str(site)], ready_dir=self.prefix)
+        conf = write_front(self.prefix, upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
+                           client_limits=self.client_limits, ready_dir=self.prefix)
         checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
@@ -169,22 +167,14 @@ class Supervisor:
             return False
         return True
 
-    def _answers_ready(self, replica: Replica) -> bool:
-        """Its /ready: a definite answer decides; a slow one (an event loop busy under load) keeps
-        what it said last, so a loaded replica does not drop out of the count."""
-        try:
-            return self.probe.get(replica.url + "/ready", timeout=2.0).status_code == 200
-        except httpx.TimeoutException:
-            return replica.ready
-        except httpx.HTTPError:
-            return False
-
     def _publish_ready(self) -> None:
         """/ready's file (front.ready_from_file): present with the ready replicas while at least one
         is ready and the supervisor is not stopping, absent otherwise (nginx then answers 503)."""
         path = self.prefix / READY_FILE
         for r in self.replicas:
-            r.ready = r.alive() and self._answers_ready(r)
+            # a slow answer (an event loop busy under load) keeps what it said last, so a loaded
+            # replica does not drop out of the count
+            r.ready = r.alive() and ready(self.probe, r.url, timeout_s=2.0, on_timeout=r.ready)
         up = [] if self.stopping else [r for r in self.replicas if r.ready]
         self._ready_checked = time.monotonic()
         if not up:
@@ -227,7 +217,8 @@ class Supervisor:
             replica.start()
             replica.awaiting_ready = True
         for replica in self.replicas:
-            if replica.awaiting_ready and replica.alive() and ready(self.probe, replica.url, timeout_s=2.0):
+            # `ready` comes from _publish_ready's poll of every replica
+            if replica.awaiting_ready and replica.alive() and replica.ready:
                 replica.awaiting_ready = False
                 logger.info("replica %d: ready again on %s, %.0f s after its restart", replica.index, replica.url,
                             time.monotonic() - replica.started_at)

@@ -71,13 +71,10 @@ def test_child_arguments_drop_the_front_and_bind_loopback() -> None:
 
 
 def test_the_site_without_client_limits_passes_nginx_t(tmp_path: Path) -> None:
-    site = tmp_path / "llm-gateway.conf"
-    site.write_text(front.render_site(upstreams=[9001, 9002], listen="127.0.0.1:9000",
-                                      snippet=tmp_path / "llm-gateway-proxy.conf", log_dir=tmp_path,
-                                      client_limits=False))
-    text = site.read_text()
+    conf = front.write_front(tmp_path, upstreams=[9001, 9002], listen="127.0.0.1:9000", client_limits=False,
+                             ready_dir=tmp_path)
+    text = (tmp_path / "llm-gateway.conf").read_text()
     assert "zone $binary_remote_addr" not in text and text.count("server 127.0.0.1:900") == 2
-    conf = front.write_nginx_conf(tmp_path, [str(site)], ready_dir=tmp_path)
     snippet = (tmp_path / "llm-gateway-proxy.conf").read_text()
     assert f"root {tmp_path};" in snippet and "try_files /ready.json =503;" in snippet
     checked = subprocess.run([nginx_binary(), "-t", "-p", str(tmp_path), "-c", str(conf)],
