@@ -117,13 +117,13 @@ def patch_engine_process() -> None:
     that server asked for the ones that change no answer (`runtime.SAME_ANSWERS_ONLY`)."""
     import os
 
-    from server.engine.runtime import ENGINE_PROCESS_ENV, SAME_ANSWERS_ONLY
+    from server.engine.runtime import ENGINE_PROCESS_ENV, GATEWAY_ENGINE, SAME_ANSWERS_ONLY
 
     mode = os.environ.get(ENGINE_PROCESS_ENV)
-    if mode in ("1", SAME_ANSWERS_ONLY):
+    if mode in (GATEWAY_ENGINE, SAME_ANSWERS_ONLY):
         skip_cpu_warmup_without_compilation()
         rank_logprobs_eagerly_on_cpu()
-    if mode == "1":
+    if mode == GATEWAY_ENGINE:
         sample_eagerly_on_cpu()
 
 

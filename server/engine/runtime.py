@@ -88,8 +88,11 @@ def engine_runtime_dirs(state_dir: Path) -> dict[str, Path]:
 
 
 ENGINE_PROCESS_ENV = "LLM_GATEWAY_ENGINE_PROCESS"
-"""Set to "1" in the gateway before its engine starts, so inherited by vLLM's engine processes:
-the plugin hook of `server.engine.compat` acts only where it is set (not in `vllm serve`)."""
+"""Set to `GATEWAY_ENGINE` in the gateway before its engine starts, so inherited by vLLM's engine
+processes: the plugin hook of `server.engine.compat` acts only where it is set (not in `vllm serve`)."""
+
+GATEWAY_ENGINE = "1"
+"""`ENGINE_PROCESS_ENV`'s value in the gateway's own engine: every patch of `server.engine.compat`."""
 
 SAME_ANSWERS_ONLY = "same-answers-only"
 """`ENGINE_PROCESS_ENV`'s value for a `vllm serve` that should start and run as fast as the
@@ -116,7 +119,7 @@ def prepare_engine_environment(settings: Settings) -> Path:
     rpc_dir = Path(tempfile.mkdtemp(prefix="e-", dir=dirs["VLLM_RPC_BASE_PATH"]))
     os.environ["VLLM_RPC_BASE_PATH"] = str(rpc_dir)
     os.environ["TMPDIR"] = str(dirs["TMPDIR"])
-    os.environ[ENGINE_PROCESS_ENV] = "1"
+    os.environ[ENGINE_PROCESS_ENV] = GATEWAY_ENGINE
     os.environ.setdefault("VLLM_CACHE_ROOT", str(dirs["VLLM_CACHE_ROOT"]))
     tempfile.tempdir = None  # re-read TMPDIR
     for name, value in settings.engine.env.items():
