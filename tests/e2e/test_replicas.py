@@ -2,26 +2,29 @@
 the real vLLM CPU engine behind real nginx on one port. Requests through the front reach both; the
 front's /ready counts the ready replicas; a replica killed under load loses no request (nginx retries
 what it had sent there on the other one), /ready says one is left, and it is started again; SIGTERM
-drains everything and leaves no process behind."""
+drains everything and leaves no process behind. SIGHUP after a profile change rolls a reload over the
+replicas, one engine swap at a time, under load: no request fails."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import psutil
+import yaml
 
 from server.replicas import front
 from server.replicas.supervisor import child_argv
 from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, free_port
 from tests.e2e.conftest import nginx_binary, wait_for
+from tests.load import Load
 
 COMPLETIONS = "/v1/completions"
 
@@ -90,9 +93,11 @@ def ready_count(base: str) -> tuple[int, int | None]:
 def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
     port = front_port()
     log_path = tmp_path / "supervisor.log"
+    config = tmp_path / "profile.yaml"  # edited before the SIGHUP below
+    shutil.copy(CONFIG, config)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "server", "serve", "--config", str(CONFIG), "--state-dir", str(STATE_DIR),
+            [sys.executable, "-m", "server", "serve", "--config", str(config), "--state-dir", str(STATE_DIR),
              "--port", str(port), "--no-client-limits"],
             # N from the profile (server.replicas), which the replicas inherit: each must still run
             # as one process, not as a supervisor of its own
@@ -123,37 +128,22 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             assert r.status_code == 200 and r.json() == {"status": "ready", "replicas": 2, "ready_replicas": 2,
                                                          "ready_ports": replica_ports}, r.text
 
-        # a replica killed under load: nginx sends what it had open there to the other one
-        results: list[int] = []
-        stop = threading.Event()
-
-        def client_loop(i: int) -> None:
-            with httpx.Client() as c:
-                while not stop.is_set():
-                    try:
-                        results.append(complete(c, base, f"Load {i}:", max_tokens=8).status_code)
-                    except httpx.HTTPError as exc:
-                        results.append(-1)
-                        print("client error:", exc)
-
-        threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        time.sleep(3)
-        [victim] = [c for c in psutil.Process(proc.pid).children() if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
-        left_behind = victim.children(recursive=True)  # its engine core
-        assert left_behind
-        victim.kill()
-        killed_at = len(results)
-        # within the supervisor's next look, /ready says one replica is left (still 200: it serves)
-        assert wait_for(lambda: ready_count(base) == (200, 1), timeout=10, interval=0.2), ready_count(base)
-        # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
-        assert wait_for(lambda: len(results) >= killed_at + 8, timeout=120, interval=0.2), results
-        stop.set()
-        for t in threads:
-            t.join(150)
-        print(f"\n{len(results)} requests, {killed_at} before the kill; statuses: {sorted(set(results))}")
-        assert [c for c in results if c != 200] == [], results
+        # a replica killed under load: nginx sends the requests it had open there to the other one
+        # (not streams: one whose answer had begun breaks with its replica, nothing can resend it)
+        with Load(base, clients=4, streams=False) as load:
+            time.sleep(3)
+            [victim] = [c for c in psutil.Process(proc.pid).children()
+                        if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
+            left_behind = victim.children(recursive=True)  # its engine core
+            assert left_behind
+            victim.kill()
+            killed_at = load.ended
+            # within the supervisor's next look, /ready says one replica is left (still 200: it serves)
+            assert wait_for(lambda: ready_count(base) == (200, 1), timeout=10, interval=0.2), ready_count(base)
+            # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
+            assert wait_for(lambda: load.ended >= killed_at + 8, timeout=120, interval=0.2), load.result
+        print(f"\n{load.ended} requests, {killed_at} before the kill; failures: {load.result.failures}")
+        assert load.result.failures == [], load.result.failures
         assert "replica 0 exited (-9)" in log()
         # what the killed replica left (its engine core, gigabytes) was adopted and ended
         assert wait_for(lambda: not [p for p in left_behind if running(p)], timeout=30), left_behind
@@ -162,6 +152,26 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         assert httpx.get(f"http://127.0.0.1:{replica_ports[0]}/ready", timeout=5).status_code == 200
         assert wait_for(lambda: ready_count(base) == (200, 2), timeout=10, interval=0.2), ready_count(base)
         print([line.split("replicas: ")[-1] for line in log().splitlines() if "ready again" in line])
+
+        # SIGHUP after a profile change (as `systemctl reload`): each replica swaps its engine in
+        # turn (drain-swap), the other one serving meanwhile; no request fails
+        profile = yaml.safe_load(config.read_text())
+        profile["engine"]["max_num_seqs"] = 48
+        config.write_text(yaml.safe_dump(profile))
+        with Load(base, clients=4) as load:
+            time.sleep(2)
+            proc.send_signal(signal.SIGHUP)
+            assert wait_for(lambda: "rolling reload: 2 replica(s) reloaded" in log() or "rolling reload stopped" in log(),
+                            timeout=300, interval=0.5), log()[-3000:]
+            swapped_at = load.ended
+            assert wait_for(lambda: load.ended >= swapped_at + 4, timeout=120, interval=0.2), load.result
+        print(f"{load.ended} requests across the rolling reload; failures: {load.result.failures}")
+        assert "rolling reload: 2 replica(s) reloaded" in log(), log()[-3000:]
+        assert load.result.failures == [], load.result.failures
+        assert len([line for line in log().splitlines() if "(drain-swap, " in line]) == 2, log()[-3000:]
+        for rp in replica_ports:
+            status = httpx.get(f"http://127.0.0.1:{rp}/admin/status", timeout=10).json()
+            assert status["profile"]["max_num_seqs"] == 48, status["profile"]
 
         # SIGTERM: the replicas drain, nginx quits, nothing is left
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]

@@ -24,7 +24,8 @@ import yaml
 from server.lifecycle.weights import read_model_files
 from server.model_prep import write_second_version
 from tests.conftest import CONFIG, STATE_DIR, ServerProcess, start_gateway, start_gateway_with_own_config
-from tests.integration.test_reload import LOAD_CLIENTS, Load, metric, status
+from tests.integration.test_reload import metric, status
+from tests.load import LOAD_CLIENTS, Load
 
 PROMPT = {"prompt": "The three most useful kitchen tools are", "max_tokens": 24, "temperature": 0}
 # The pause is the engine's stop (the step in progress) plus the weight load, which on the CPU is
