@@ -128,9 +128,11 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             assert r.status_code == 200 and r.json() == {"status": "ready", "replicas": 2, "ready_replicas": 2,
                                                          "ready_ports": replica_ports}, r.text
 
-        # a replica killed under load: nginx sends the requests it had open there to the other one
-        # (not streams: one whose answer had begun breaks with its replica, nothing can resend it)
-        with Load(base, clients=4, streams=False) as load:
+        # a replica killed under load: nginx sends the plain requests it had open there to the other
+        # one; a stream whose answer had begun there cannot be resent, so it ends cut short (a
+        # chunked body without its last chunk: the client sees an error, never a short answer
+        # that looks whole)
+        with Load(base, clients=4) as load:  # 2 streaming, 2 plain
             time.sleep(3)
             [victim] = [c for c in psutil.Process(proc.pid).children()
                         if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
@@ -143,7 +145,9 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             # the load goes on until 8 more requests ended (on the survivor, or retried there by nginx)
             assert wait_for(lambda: load.ended >= killed_at + 8, timeout=120, interval=0.2), load.result
         print(f"\n{load.ended} requests, {killed_at} before the kill; failures: {load.result.failures}")
-        assert load.result.failures == [], load.result.failures
+        # at most the two streams open at the kill, each cut short
+        assert len(load.result.failures) <= 2, load.result.failures
+        assert all("incomplete chunked read" in f for f in load.result.failures), load.result.failures
         assert "replica 0 exited (-9)" in log()
         # what the killed replica left (its engine core, gigabytes) was adopted and ended
         assert wait_for(lambda: not [p for p in left_behind if running(p)], timeout=30), left_behind
