@@ -59,7 +59,10 @@ def _reload_detail(response: httpx.Response) -> str:
     if response.status_code == 200:  # ReloadResult.as_dict()
         if body.get("engine_reloaded") is False:
             return "profile unchanged: keys file re-read, engine kept"
-        return f"{body.get('outcome', 'done')} ({body.get('strategy', '?')}, {body.get('duration_s', 0):.1f} s)"
+        waited = ""
+        if body.get("queued"):
+            waited = f", {body['queued']} request(s) waited up to {body.get('max_queue_wait_s', 0):.1f} s"
+        return f"{body.get('outcome', 'done')} ({body.get('strategy', '?')}, {body.get('duration_s', 0):.1f} s{waited})"
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else None
     return f"HTTP {response.status_code}: {message or response.text[:300]}"
@@ -73,10 +76,13 @@ def roll(
     reload_timeout_s: float = 1800.0,
     ready_timeout_s: float = 900.0,
     poll_s: float = 1.0,
+    settle_s: float = 0.0,
     report: Callable[[str], None] = print,
     client: httpx.Client | None = None,
 ) -> list[Step]:
-    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded."""
+    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded.
+    `settle_s`: the wait after an instance is ready again before the next one reloads (a front whose
+    passive health checks left the first out must have let it back in)."""
     urls = [u.rstrip("/") for u in urls]
     if not urls:
         raise RollError("no instance given")
@@ -87,6 +93,8 @@ def roll(
     steps: list[Step] = []
     try:
         for i, url in enumerate(urls):
+            if i and settle_s:
+                time.sleep(settle_s)
             others = [u for u in urls if u != url]
             not_ready = [u for u in others if not ready(client, u)]
             if not_ready:

@@ -158,7 +158,7 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         print([line.split("replicas: ")[-1] for line in log().splitlines() if "ready again" in line])
 
         # SIGHUP after a profile change (as `systemctl reload`): each replica swaps its engine in
-        # turn (drain-swap), the other one serving meanwhile; no request fails
+        # turn (drain-swap), the other one serving everything meanwhile; no request fails
         profile = yaml.safe_load(config.read_text())
         profile["engine"]["max_num_seqs"] = 48
         config.write_text(yaml.safe_dump(profile))
@@ -176,6 +176,9 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         for rp in replica_ports:
             status = httpx.get(f"http://127.0.0.1:{rp}/admin/status", timeout=10).json()
             assert status["profile"]["max_num_seqs"] == 48, status["profile"]
+            # nothing waited for a new engine: a swapping replica answers 503 (reload.queue_size 0
+            # with replicas) and nginx sends the request on to the other one
+            assert status["last_reload"]["queued"] == 0, status["last_reload"]
 
         # SIGTERM: the replicas drain, nginx quits, nothing is left
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
@@ -184,8 +187,18 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         assert wait_for(lambda: not [p for p in family if running(p)], timeout=30), family
         assert "stopped (exit 0)" in log()
     finally:
+        # after a failure too: the supervisor, its replicas, their engine cores (gigabytes each) and nginx
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
         if proc.poll() is None:
             proc.kill()
+        for p in family:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
         for p in psutil.process_iter(["cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
             if any(f"--port {rp}" in cmd for rp in replica_ports) or f"replicas-{port}" in cmd:
