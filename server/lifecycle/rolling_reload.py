@@ -76,13 +76,10 @@ def roll(
     reload_timeout_s: float = 1800.0,
     ready_timeout_s: float = 900.0,
     poll_s: float = 1.0,
-    settle_s: float = 0.0,
     report: Callable[[str], None] = print,
     client: httpx.Client | None = None,
 ) -> list[Step]:
-    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded.
-    `settle_s`: the wait after an instance is ready again before the next one reloads (a front whose
-    passive health checks left the first out must have let it back in)."""
+    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded."""
     urls = [u.rstrip("/") for u in urls]
     if not urls:
         raise RollError("no instance given")
@@ -93,8 +90,6 @@ def roll(
     steps: list[Step] = []
     try:
         for i, url in enumerate(urls):
-            if i and settle_s:
-                time.sleep(settle_s)
             others = [u for u in urls if u != url]
             not_ready = [u for u in others if not ready(client, u)]
             if not_ready:

@@ -60,16 +60,6 @@ def render_site(*, upstreams: list[int], listen: str, snippet: Path, log_dir: Pa
     return replace_exactly(text, "/var/log/nginx/", f"{log_dir}/", 1, "log dir")
 
 
-def fail_timeout_s(text: str | None = None) -> float:
-    """The shipped upstream line's `fail_timeout`: how long nginx leaves out a replica that failed
-    `max_fails` times (a 503 counts, see proxy_next_upstream in the snippet)."""
-    text = SITE.read_text() if text is None else text
-    found = re.search(r"^    server 127\.0\.0\.1:\d+ .*fail_timeout=(\d+)s", text, re.M)
-    if not found:
-        raise SiteTemplateError("no fail_timeout on the active upstream server line of nginx/llm-gateway.conf")
-    return float(found.group(1))
-
-
 READY_PROXIED = """location = /ready {
     proxy_pass http://llm_gateway;
     proxy_read_timeout 10s;

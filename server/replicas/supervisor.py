@@ -13,12 +13,7 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 - `/ready` on the front door answers from a file the supervisor keeps (every second): 200 with how
   many replicas are ready while at least one is, else 503; not ready while draining.
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
-- SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs). With two
-  or more replicas, a replica swapping its engine (drain-swap) queues nothing (`reload.queue_size`
-  0): it answers a new request 503 at once, and nginx sends it on to another replica (the site's
-  `proxy_next_upstream http_503`), instead of it waiting there for the new engine. Those 503s make
-  nginx leave the replica out for the site's `fail_timeout`, so the next replica reloads only once
-  that has passed: two left out at once would leave nginx no replica to send to.
+- SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
 """
 
 from __future__ import annotations
@@ -38,15 +33,11 @@ import httpx
 import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
-from server.replicas.front import READY_FILE, fail_timeout_s, nginx_binary, write_front
+from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
 logger = logging.getLogger("llm_gateway.replicas")
-
-BOUNCE_ENV = "LLM_GATEWAY_RELOAD__QUEUE_SIZE"
-"""`reload.queue_size` for the replicas: 0, so a replica swapping its engine sends new requests
-back to nginx (503) for another replica to serve, rather than holding them for the new engine."""
 
 RESTART_BACKOFF_MAX_S = 60.0
 READY_POLL_S = 1.0  # how often /ready's file is brought up to date
@@ -122,8 +113,6 @@ class Supervisor:
         share = memory_share(settings, replicas)
         if share is not None:
             env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
-        if replicas > 1:
-            env[BOUNCE_ENV] = "0"
         base = settings.server.port
         self.replicas = [
             Replica(i, base + 1 + i, child_argv(serve_argv, base + 1 + i), env, self.prefix / f"replica-{i}.log")
@@ -237,10 +226,7 @@ class Supervisor:
     def _rolling_reload(self) -> None:
         keys = self.settings.auth.admin_keys
         try:
-            # a swapping replica answers 503 (BOUNCE_ENV), so nginx leaves it out for fail_timeout; the
-            # next one reloads only once the first is back in every nginx worker's rotation
-            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info,
-                         settle_s=fail_timeout_s() + 1)
+            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info)
             logger.info("rolling reload: %d replica(s) reloaded", len(steps))
         except RollError as exc:
             logger.error("rolling reload stopped: %s", exc)
