@@ -20,12 +20,11 @@ class LoadResult:
 
 
 class Load:
-    """`clients` clients (half of them streaming, unless `streams` is False) sending short completions
-    until stopped; every answer checked."""
+    """`clients` clients (half of them streaming) sending short completions until stopped; every
+    answer checked."""
 
-    def __init__(self, base_url: str, clients: int = LOAD_CLIENTS, streams: bool = True) -> None:
+    def __init__(self, base_url: str, clients: int = LOAD_CLIENTS) -> None:
         self.base_url = base_url
-        self.streams = streams
         self.stop = threading.Event()
         self.result = LoadResult()
         self.lock = threading.Lock()
@@ -56,7 +55,7 @@ class Load:
                 self.result.failures.append(detail)
 
     def _run(self, i: int) -> None:
-        stream = self.streams and i % 2 == 0
+        stream = i % 2 == 0
         body = {"prompt": f"Client {i} says", "max_tokens": 8, "temperature": 0, "stream": stream}
         with httpx.Client(base_url=self.base_url, timeout=300) as client:
             while not self.stop.is_set():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import yaml
 
 from tests.conftest import CONFIG, ROOT, ServerProcess, start_gateway, start_gateway_with_own_config
 from tests.load import LOAD_CLIENTS, Load
+
 
 @pytest.fixture(scope="module")
 def reloadable(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
