@@ -23,8 +23,9 @@ class Load:
     """`clients` clients (half of them streaming) sending short completions until stopped; every
     answer checked."""
 
-    def __init__(self, base_url: str, clients: int = LOAD_CLIENTS) -> None:
+    def __init__(self, base_url: str, clients: int = LOAD_CLIENTS, headers: dict[str, str] | None = None) -> None:
         self.base_url = base_url
+        self.headers = headers or {}
         self.stop = threading.Event()
         self.result = LoadResult()
         self.lock = threading.Lock()
@@ -57,7 +58,7 @@ class Load:
     def _run(self, i: int) -> None:
         stream = i % 2 == 0
         body = {"prompt": f"Client {i} says", "max_tokens": 8, "temperature": 0, "stream": stream}
-        with httpx.Client(base_url=self.base_url, timeout=300) as client:
+        with httpx.Client(base_url=self.base_url, timeout=300, headers=self.headers) as client:
             while not self.stop.is_set():
                 try:
                     if stream:

@@ -82,14 +82,30 @@ def ready_from_file(snippet: str, ready_dir: Path) -> str:
         "}\n"), 1, "/ready location")
 
 
-def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None = None) -> Path:
+METRICS_PROXIED = """    deny all;
+    proxy_pass http://llm_gateway;
+"""
+
+
+def metrics_from_view(snippet: str, port: int) -> str:
+    """The snippet with `/metrics` (its allow-list kept) proxied to the supervisor's merged view of
+    every replica (`metrics_view.MetricsView` on 127.0.0.1:port) instead of one upstream."""
+    return replace_exactly(snippet, METRICS_PROXIED, f"    deny all;\n    proxy_pass http://127.0.0.1:{port};\n", 1,
+                           "/metrics location")
+
+
+def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None = None,
+                     metrics_port: int | None = None) -> Path:
     """A minimal nginx.conf (what Debian's /etc/nginx/nginx.conf provides) under `prefix`, including
     the sites; pid, logs and temp paths under `prefix` too, and the snippet copied there verbatim
-    (with `ready_dir`: `/ready` answered from its file, `ready_from_file`)."""
+    (with `ready_dir`: `/ready` answered from its file, `ready_from_file`; with `metrics_port`:
+    `/metrics` from the merged view there, `metrics_from_view`)."""
     prefix.mkdir(parents=True, exist_ok=True)
     snippet = SNIPPET.read_text()
     if ready_dir is not None:
         snippet = ready_from_file(snippet, ready_dir)
+    if metrics_port is not None:
+        snippet = metrics_from_view(snippet, metrics_port)
     (prefix / "llm-gateway-proxy.conf").write_text(snippet)
     for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         (prefix / sub).mkdir(exist_ok=True)
@@ -118,11 +134,11 @@ def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None
 
 
 def write_front(prefix: Path, *, upstreams: list[int], listen: str, client_limits: bool = True,
-                ready_dir: Path | None = None) -> Path:
+                ready_dir: Path | None = None, metrics_port: int | None = None) -> Path:
     """The whole front door under `prefix`: the site (`render_site`, as `llm-gateway.conf`) over
     `upstreams`, listening on `listen`, and the nginx.conf including it (`write_nginx_conf`)."""
     prefix.mkdir(parents=True, exist_ok=True)
     site = prefix / "llm-gateway.conf"
     site.write_text(render_site(upstreams=upstreams, listen=listen, snippet=prefix / "llm-gateway-proxy.conf",
                                 log_dir=prefix, client_limits=client_limits))
-    return write_nginx_conf(prefix, [str(site)], ready_dir=ready_dir)
+    return write_nginx_conf(prefix, [str(site)], ready_dir=ready_dir, metrics_port=metrics_port)

@@ -12,6 +12,9 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
   engine core of a replica killed outright is adopted and ended, not left holding its memory.
 - `/ready` on the front door answers from a file the supervisor keeps (every second): 200 with how
   many replicas are ready while at least one is, else 503; not ready while draining.
+- `/metrics` on the front door is every replica's, labelled `replica` (metrics_view.py).
+- With a keys file, the tenants' limits and budgets hold across the replicas: they share
+  `auth.redis_url`, or a private redis-server the supervisor runs (shared_limits.py).
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
 - SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
 """
@@ -34,6 +37,8 @@ import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
 from server.replicas.front import READY_FILE, nginx_binary, write_front
+from server.replicas.metrics_view import MetricsView
+from server.replicas.shared_limits import PrivateRedis, redis_binary
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
@@ -113,12 +118,17 @@ class Supervisor:
         share = memory_share(settings, replicas)
         if share is not None:
             env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
+        self.redis: PrivateRedis | None = None
+        if settings.auth.keys_file is not None and not settings.auth.redis_url:
+            self.redis = PrivateRedis(redis_binary() or "redis-server", self.prefix / "redis")
+            env["LLM_GATEWAY_AUTH__REDIS_URL"] = self.redis.url
         base = settings.server.port
         self.replicas = [
             Replica(i, base + 1 + i, child_argv(serve_argv, base + 1 + i), env, self.prefix / f"replica-{i}.log")
             for i in range(replicas)
         ]
         self.nginx: subprocess.Popen[bytes] | None = None
+        self.metrics = MetricsView([r.url for r in self.replicas])
         self.probe = httpx.Client()  # the /ready polls
         self._ready_checked = 0.0
 
@@ -152,7 +162,7 @@ class Supervisor:
         host = f"[{s.host}]" if ":" in s.host else s.host
         self._publish_ready()
         conf = write_front(self.prefix, upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
-                           client_limits=self.client_limits, ready_dir=self.prefix)
+                           client_limits=self.client_limits, ready_dir=self.prefix, metrics_port=self.metrics.port)
         checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
@@ -192,6 +202,8 @@ class Supervisor:
         known = {r.proc.pid for r in self.replicas if r.proc is not None}
         if self.nginx is not None:
             known.add(self.nginx.pid)
+        if self.redis is not None and self.redis.proc is not None:
+            known.add(self.redis.proc.pid)
         try:
             orphans = [c for c in psutil.Process().children() if c.pid not in known]
         except psutil.Error:
@@ -254,7 +266,35 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 self.nginx.kill()
                 self.nginx.wait()
+        if self.redis is not None:
+            self.redis.stop()  # after the replicas: draining requests still settle their limits
+        self.metrics.stop()
         self._end_orphans()
+
+    def _start_redis(self) -> bool:
+        if self.redis is None:
+            return True
+        if redis_binary() is None:
+            logger.error("--replicas with a keys file shares the tenants' limits between the replicas through Redis: "
+                         "install redis-server (Debian: apt install redis-server), or set auth.redis_url")
+            return False
+        try:
+            self.redis.start()
+        except RuntimeError as exc:
+            logger.error("%s", exc)
+            return False
+        logger.info("tenant limits shared by the replicas through a private redis-server (%s)", self.redis.url)
+        return True
+
+    def _restart_redis(self) -> None:
+        if self.redis is None or self.redis.alive() or self.stopping:
+            return
+        # meanwhile each replica counts on its own (the limiter fails open, and says so)
+        logger.warning("the private redis-server exited: starting it again")
+        try:
+            self.redis.start()
+        except RuntimeError as exc:
+            logger.error("%s", exc)
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -269,6 +309,9 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
         try:
+            if not self._start_redis():
+                return 2
+            self.metrics.start()
             for replica in self.replicas:
                 replica.start()
                 if not self._wait_ready(replica, timeout_s=1800):
@@ -276,8 +319,8 @@ class Supervisor:
             if not self._start_nginx(binary):
                 return 1
             s = self.settings.server
-            logger.info("serving %s on http://%s:%d through nginx: %d replicas on ports %s (scrape each for "
-                        "metrics); logs under %s", self.settings.served_model_name, s.host, s.port, self.n,
+            logger.info("serving %s on http://%s:%d through nginx: %d replicas on ports %s (/metrics: all of them, "
+                        "labelled by replica); logs under %s", self.settings.served_model_name, s.host, s.port, self.n,
                         ", ".join(str(r.port) for r in self.replicas), self.prefix)
             while not self.stopping:
                 time.sleep(0.5)
@@ -285,6 +328,7 @@ class Supervisor:
                     logger.error("nginx exited (%s): stopping the replicas", self.nginx.returncode)
                     return 1
                 self._end_orphans()
+                self._restart_redis()
                 self._restart_dead()
                 if time.monotonic() - self._ready_checked >= READY_POLL_S:
                     self._publish_ready()

@@ -1,8 +1,9 @@
 """`llm-gateway serve --replicas 2` (`make serve REPLICAS=2`, server/replicas/): two real gateways on
 the real vLLM CPU engine behind real nginx on one port. Requests through the front reach both; the
-front's /ready counts the ready replicas; a replica killed under load loses no request (nginx retries
-what it had sent there on the other one), /ready says one is left, and it is started again; SIGTERM
-drains everything and leaves no process behind. SIGHUP after a profile change rolls a reload over the
+front's /ready counts the ready replicas and its /metrics merges theirs; a tenant's limit holds across
+both (a private redis-server); a replica killed under load loses no request (nginx retries what it had
+sent there on the other one), /ready says one is left, and it is started again; SIGTERM drains
+everything and leaves no process behind. SIGHUP after a profile change rolls a reload over the
 replicas, one engine swap at a time, under load: no request fails."""
 
 from __future__ import annotations
@@ -19,14 +20,22 @@ from pathlib import Path
 import httpx
 import psutil
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from server.replicas import front
+from server.settings.keys_file import hashed
 from server.replicas.supervisor import child_argv
 from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, free_port
 from tests.e2e.conftest import nginx_binary, wait_for
 from tests.load import Load
 
 COMPLETIONS = "/v1/completions"
+LOAD_KEY, METERED_KEY, ADMIN_KEY = "sk-load", "sk-metered", "sk-admin"
+METERED_RPM = 4
+KEYS = [{"name": "load", "key": hashed(LOAD_KEY)},
+        {"name": "metered", "key": hashed(METERED_KEY), "requests_per_minute": METERED_RPM}]
+LOAD = {"Authorization": f"Bearer {LOAD_KEY}"}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def ports_free(*ports: int) -> bool:
@@ -55,15 +64,20 @@ def running(process: psutil.Process) -> bool:
         return False
 
 
-def served(port: int) -> float:
+def served(port: int, tenant: str | None = None) -> float:
+    """Completions answered by the gateway on `port` (200 or not), of one tenant or all."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    if tenant is not None:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("gateway_tenant_requests_total{") and f'tenant="{tenant}"' in line)
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("gateway_requests_total{") and f'route="{COMPLETIONS}"' in line)
 
 
-def complete(client: httpx.Client, base: str, prompt: str, max_tokens: int = 4) -> httpx.Response:
+def complete(client: httpx.Client, base: str, prompt: str, max_tokens: int = 4,
+             headers: dict[str, str] = LOAD) -> httpx.Response:
     return client.post(base + COMPLETIONS, json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens},
-                       timeout=120)
+                       headers=headers, timeout=120)
 
 
 def test_child_arguments_drop_the_front_and_bind_loopback() -> None:
@@ -75,7 +89,7 @@ def test_child_arguments_drop_the_front_and_bind_loopback() -> None:
 
 def test_the_site_without_client_limits_passes_nginx_t(tmp_path: Path) -> None:
     conf = front.write_front(tmp_path, upstreams=[9001, 9002], listen="127.0.0.1:9000", client_limits=False,
-                             ready_dir=tmp_path)
+                             ready_dir=tmp_path, metrics_port=9100)
     text = (tmp_path / "llm-gateway.conf").read_text()
     assert "zone $binary_remote_addr" not in text and text.count("server 127.0.0.1:900") == 2
     snippet = (tmp_path / "llm-gateway-proxy.conf").read_text()
@@ -95,13 +109,16 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
     log_path = tmp_path / "supervisor.log"
     config = tmp_path / "profile.yaml"  # edited before the SIGHUP below
     shutil.copy(CONFIG, config)
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"keys": KEYS}, sort_keys=False))
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "server", "serve", "--config", str(config), "--state-dir", str(STATE_DIR),
-             "--port", str(port), "--no-client-limits"],
+             "--port", str(port), "--no-client-limits", "--keys-file", str(tmp_path / "keys.yaml"),
+             "--admin-key", ADMIN_KEY],
             # N from the profile (server.replicas), which the replicas inherit: each must still run
             # as one process, not as a supervisor of its own
-            env={**os.environ, "LLM_GATEWAY_SERVER__REPLICAS": "2"},
+            env={**os.environ, "LLM_GATEWAY_SERVER__REPLICAS": "2",
+                 "LLM_GATEWAY_AUTH__USAGE_DB": str(tmp_path / "usage.sqlite3")},
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     replica_ports = [port + 1, port + 2]
@@ -121,18 +138,38 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             after = [served(p) for p in replica_ports]
             assert all(a > b for a, b in zip(after, before)), (before, after)
             # no per-client limit with --no-client-limits: a burst past the shipped 10/s + 20 gets no 429
-            codes = [client.get(base + "/v1/models", timeout=10).status_code for _ in range(40)]
+            codes = [client.get(base + "/v1/models", headers=LOAD, timeout=10).status_code for _ in range(40)]
             assert set(codes) == {200}, codes
             # /ready on the front door counts the replicas, not just the one nginx picked
             r = client.get(base + "/ready", timeout=10)
             assert r.status_code == 200 and r.json() == {"status": "ready", "replicas": 2, "ready_replicas": 2,
                                                          "ready_ports": replica_ports}, r.text
 
+            # a tenant's requests_per_minute holds across the replicas (they count in the
+            # supervisor's private redis-server): each replica alone would have let it through
+            metered = [complete(client, base, f"Metered {i}:", headers={"Authorization": f"Bearer {METERED_KEY}"})
+                       for i in range(2 * METERED_RPM)]
+            codes = [r.status_code for r in metered]
+            assert codes.count(200) == METERED_RPM and codes.count(429) == METERED_RPM, codes
+            assert all(served(p, tenant="metered") > 0 for p in replica_ports), "least_conn used one replica"
+            assert "private redis-server" in log()
+
+            # /metrics on the front door: both replicas' families, each sample labelled by replica
+            text = client.get(base + "/metrics", timeout=10).text
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            assert {s.labels["replica"]: s.value for s in families["gateway_replica_up"].samples} == {"0": 1, "1": 1}
+            by_replica = {s.labels["replica"] for s in families["gateway_requests"].samples}
+            assert by_replica == {"0", "1"}, by_replica
+            tenant_rows = [s for s in families["gateway_tenant_requests"].samples
+                           if s.labels.get("tenant") == "metered" and s.name.endswith("_total")]
+            assert sum(s.value for s in tenant_rows) == 2 * METERED_RPM, tenant_rows
+            assert all("replica" in s.labels for f in families.values() for s in f.samples)
+
         # a replica killed under load: nginx sends the plain requests it had open there to the other
         # one; a stream whose answer had begun there cannot be resent, so it ends cut short (a
         # chunked body without its last chunk: the client sees an error, never a short answer
         # that looks whole)
-        with Load(base, clients=4) as load:  # 2 streaming, 2 plain
+        with Load(base, clients=4, headers=LOAD) as load:  # 2 streaming, 2 plain
             time.sleep(3)
             [victim] = [c for c in psutil.Process(proc.pid).children()
                         if f"--port {replica_ports[0]}" in " ".join(c.cmdline())]
@@ -162,7 +199,7 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         profile = yaml.safe_load(config.read_text())
         profile["engine"]["max_num_seqs"] = 48
         config.write_text(yaml.safe_dump(profile))
-        with Load(base, clients=4) as load:
+        with Load(base, clients=4, headers=LOAD) as load:
             time.sleep(2)
             proc.send_signal(signal.SIGHUP)
             assert wait_for(lambda: "rolling reload: 2 replica(s) reloaded" in log() or "rolling reload stopped" in log(),
@@ -174,7 +211,7 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         assert load.result.failures == [], load.result.failures
         assert len([line for line in log().splitlines() if "(drain-swap, " in line]) == 2, log()[-3000:]
         for rp in replica_ports:
-            status = httpx.get(f"http://127.0.0.1:{rp}/admin/status", timeout=10).json()
+            status = httpx.get(f"http://127.0.0.1:{rp}/admin/status", headers=ADMIN, timeout=10).json()
             assert status["profile"]["max_num_seqs"] == 48, status["profile"]
             print(f"replica {rp}: {status['last_reload']['queued']} request(s) waited for its new engine, "
                   f"up to {status['last_reload']['max_queue_wait_s']:.1f} s")
@@ -185,6 +222,7 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         assert proc.wait(120) == 0, log()[-3000:]
         assert wait_for(lambda: not [p for p in family if running(p)], timeout=30), family
         assert "stopped (exit 0)" in log()
+        assert not list((STATE_DIR / f"replicas-{port}" / "redis").glob("*.sock"))
     finally:
         # after a failure too: the supervisor, its replicas, their engine cores (gigabytes each) and nginx
         try:
