@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from server.runner.processes import stop_child
 from tests.conftest import free_port
 
 
@@ -56,13 +57,7 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_child(self.proc)
         self.proc = None
 
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from server.runner.processes import stop_child
+
 UNIX_PATH_MAX = 100  # sun_path holds 108 bytes on Linux; a longer path goes to a short temp dir
 
 
@@ -73,13 +75,7 @@ class PrivateRedis:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_child(self.proc)
         self.proc = None
         self.socket_path.unlink(missing_ok=True)
         if self.socket_dir != self.directory:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import subprocess
 import time
 
 import psutil
@@ -95,3 +96,15 @@ def end_processes(processes: list[psutil.Process], grace_s: float) -> None:
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
+
+
+def stop_child(proc: subprocess.Popen[bytes] | None, grace_s: float = 10.0) -> None:
+    """SIGTERM a child started with Popen, SIGKILL it after `grace_s`; reaped either way."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace_s)
