@@ -41,12 +41,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import servers
+from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.interleaved_report import memory_share, side_table, summarize, table
 from benchmarks.lib.servers import ROOT
 from benchmarks.lib.ways import (CELL_DONE, WAYS, client_workers, http_cell, inproc_child_cmd, parse_ways,
@@ -97,24 +97,15 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--cell-output-tokens", type=int, default=0,
                     help="without --requests: at least this many output tokens per cell (more requests)")
-    ap.add_argument("--input-tokens", type=int, default=512)
-    ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--vocab-size", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_args(ap)
     ap.add_argument("--loadtest-workers", type=int, default=4)
     ap.add_argument("--no-client-check", action="store_true")
     ap.add_argument("--text-prompts", action="store_true", help="text prompts of exactly --input-tokens tokens "
                     "(the model's tokenizer), tokenized by each server; HTTP ways only")
-    ap.add_argument("--label", default=None)
-    ap.add_argument("--out", type=Path, default=Path("http_interleaved.jsonl"))
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--deadline-s", type=float, default=540.0)
-    ap.add_argument("--doc", type=Path, default=None)
+    add_run_args(ap, out="http_interleaved.jsonl", deadline_s=540.0)
     a = ap.parse_args()
-    t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="http-interleaved-"))).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    a.out = a.out.resolve()
+    run = start_run(a, "http-interleaved")
+    t_end, workdir = run.t_end, run.workdir
     gpu = a.device == "gpu"
     config = a.config or (servers.GPU_CONFIG if gpu else servers.CPU_CONFIG)
     ways = parse_ways(a.ways)

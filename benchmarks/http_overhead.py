@@ -36,12 +36,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import servers
+from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gpu import wait_gpu_free
 from benchmarks.lib.servers import ROOT
 from benchmarks.lib.ways import WAYS, goal_check, http_cell, inproc_child_cmd, parse_ways, start_http_server, table
@@ -96,19 +96,13 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None, help="requests per run (default 2 x concurrency, >= 16)")
     ap.add_argument("--cell-output-tokens", type=int, default=0,
                     help="without --requests: at least this many output tokens per run (more requests)")
-    ap.add_argument("--input-tokens", type=int, default=512)
-    ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--vocab-size", type=int, default=None, help="prompt ids in [0, N) (default: the model's)")
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_args(ap)
     ap.add_argument("--loadtest-workers", type=int, default=1,
                     help="loadtest client processes per HTTP run (loadtest --workers; capped at the "
                          "concurrency): one Python client is itself the bottleneck at c = 256")
     ap.add_argument("--run-id", default=None, help="tag of this run's lines (several invocations, e.g. one "
                     "way each, can share one; --doc collects the lines with this tag)")
-    ap.add_argument("--label", default=None, help="free text stored in every line (e.g. 'CPU smoke')")
-    ap.add_argument("--out", type=Path, default=Path("http_overhead.jsonl"))
-    ap.add_argument("--workdir", type=Path, default=None, help="profile, logs, raw loadtest files")
-    ap.add_argument("--deadline-s", type=float, default=540.0)
+    add_run_args(ap, out="http_overhead.jsonl", deadline_s=540.0, doc=False)
     ap.add_argument("--min-left-s", type=float, default=90.0, help="do not start a way with less left")
     ap.add_argument("--doc", type=Path, default=None,
                     help="also write {meta, results} of this run's lines here (for benchmarks/results/)")
@@ -119,10 +113,8 @@ def main() -> None:
         print(table(servers.load_jsonl(a.table)))
         return
     ways = parse_ways(a.ways)
-    t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="http-overhead-"))).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    a.out = a.out.resolve()
+    run = start_run(a, "http-overhead")
+    t_end, workdir = run.t_end, run.workdir
     config = a.config or (servers.GPU_CONFIG if a.device == "gpu" else servers.CPU_CONFIG)
     settings, profile, overrides = servers.gateway_profile(a, config, workdir)
     from server.engine import engine_args_kwargs

@@ -39,13 +39,13 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.fixtures import random_weights, synth_tokenizer
 from benchmarks.lib import servers
+from benchmarks.lib.driver import add_workload_args, start_run
 from benchmarks.lib.reload_report import baseline_stats, error_counts, max_ms, table, window_stats
 from benchmarks.lib.servers import ROOT
 
@@ -214,10 +214,8 @@ def main() -> None:
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help=f"in order, comma-separated: drain-swap, blue-green, in-place, {NO_PREFETCH}")
     ap.add_argument("--concurrency", type=int, default=None, help="closed-loop workers (default 32 gpu, 2 cpu)")
-    ap.add_argument("--input-tokens", type=int, default=None, help="default 512 gpu, 64 cpu")
-    ap.add_argument("--output-tokens", type=int, default=None, help="default 256 gpu, 16 cpu")
-    ap.add_argument("--vocab-size", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_args(ap, input_tokens=None, output_tokens=None, input_help="default 512 gpu, 64 cpu",
+                      output_help="default 256 gpu, 16 cpu")
     ap.add_argument("--baseline-s", type=float, default=None, help="load before the first reload (10 gpu, 8 cpu)")
     ap.add_argument("--settle-s", type=float, default=None, help="load after each reload (10 gpu, 6 cpu)")
     ap.add_argument("--request-timeout-s", type=float, default=300.0)
@@ -241,10 +239,9 @@ def main() -> None:
         if getattr(a, name) is None:
             setattr(a, name, g if gpu else c)
 
-    t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="reload-under-load-"))).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    a.out = a.out.resolve()
+    run = start_run(a, "reload-under-load")
+
+    t_end, workdir = run.t_end, run.workdir
     config = a.config or (servers.GPU_CONFIG if gpu else servers.CPU_CONFIG)
     synth = None
     if gpu:

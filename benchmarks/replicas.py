@@ -31,13 +31,13 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import engine_side, servers
 from benchmarks.lib.clients import CLIENTS, from_vllm_bench, vllm_bench_cmd
+from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gpu import GpuSampler
 from benchmarks.lib.replicas_report import balance, engine_memory, engine_warmup, goal_check, summarize, table
 from benchmarks.lib.ways import (client_workers, launch_http_server, loadtest_cmd, requests_for, seed_for,
@@ -142,26 +142,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clients", default=",".join(CLIENTS))
     ap.add_argument("--requests", type=int, default=None, help="per timed run (default 2 x c, at least 16)")
-    ap.add_argument("--input-tokens", type=int, default=512)
-    ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--vocab-size", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_args(ap)
     ap.add_argument("--warmup", type=int, default=32, help="uncounted full-length requests before each timed "
                     "run (at most c): the engines are warm after the first cells, and a wave of c would "
                     "double a cell's device time")
     ap.add_argument("--loadtest-workers", type=int, default=8)
     ap.add_argument("--kv-cache-gib", type=float, default=None,
                     help="each engine's KV cache (GPU default 8: c = 512 of 512 + 256 tokens fits)")
-    ap.add_argument("--label", default=None)
-    ap.add_argument("--out", type=Path, default=Path("replicas.jsonl"))
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--deadline-s", type=float, default=1500.0)
-    ap.add_argument("--doc", type=Path, default=None)
+    add_run_args(ap, out="replicas.jsonl", deadline_s=1500.0)
     a = ap.parse_args()
-    t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="replicas-"))).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    a.out = a.out.resolve()
+    run = start_run(a, "replicas")
+    t_end, workdir = run.t_end, run.workdir
     gpu = a.device == "gpu"
     counts = sorted({int(x) for x in a.replicas.split(",")})
     clients = [c for c in a.clients.split(",") if c]

@@ -18,12 +18,11 @@ import argparse
 import json
 import re
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import servers
+from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gc_report import STALL_GAP_S, WAYS, gc_totals, stream_gaps, summarize, table
 from benchmarks.lib.servers import ROOT
 from benchmarks.lib.ways import loadtest_cmd, result_line, start_http_server
@@ -34,17 +33,13 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--requests", type=int, default=400, help="per cell")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--input-tokens", type=int, default=32)
-    ap.add_argument("--output-tokens", type=int, default=4, help="short outputs: many requests, much allocation")
-    ap.add_argument("--vocab-size", type=int, default=None)
+    add_workload_args(ap, input_tokens=32, output_tokens=4, output_help="short outputs: many requests, much allocation",
+                      seed=False)
     ap.add_argument("--loadtest-workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("gc_pauses.jsonl"))
-    ap.add_argument("--workdir", type=Path, default=None)
-    ap.add_argument("--deadline-s", type=float, default=900.0)
+    add_run_args(ap, out="gc_pauses.jsonl", deadline_s=900.0, label=False, doc=False)
     a = ap.parse_args()
-    t_end = time.monotonic() + a.deadline_s
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="gc-pauses-"))).resolve()
-    a.out = a.out.resolve()
+    run = start_run(a, "gc-pauses")
+    t_end, workdir = run.t_end, run.workdir
     config = a.config or (servers.GPU_CONFIG if a.device == "gpu" else servers.CPU_CONFIG)
     run_id = time.strftime("%Y%m%dT%H%M%S")
     gateways: dict[str, Any] = {}

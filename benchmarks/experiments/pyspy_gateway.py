@@ -32,11 +32,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.lib import engine_side, pyspy, servers
+from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.servers import ROOT
 from benchmarks.lib.ways import client_workers, loadtest_cmd, result_line, start_http_server
 
@@ -63,25 +63,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     servers.add_profile_args(ap, "profile override, e.g. engine.max_num_seqs=256 (repeatable)")
     ap.add_argument("--concurrency", type=int, default=256)
-    ap.add_argument("--input-tokens", type=int, default=512)
-    ap.add_argument("--output-tokens", type=int, default=256)
-    ap.add_argument("--vocab-size", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_workload_args(ap)
     ap.add_argument("--loadtest-workers", type=int, default=4, help="client processes (so the client is not the limit)")
     ap.add_argument("--settle-s", type=float, default=15.0, help="from the loadtest's start (its warm-up) to py-spy")
     ap.add_argument("--record-s", type=float, default=25.0)
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--py-spy", default="py-spy", help="the py-spy binary")
     ap.add_argument("--out-dir", type=Path, required=True, help="pyspy.jsonl, gateway.txt, summary.txt, ...")
-    ap.add_argument("--workdir", type=Path, default=None, help="profile, server and loadtest logs")
-    ap.add_argument("--deadline-s", type=float, default=540.0)
-    ap.add_argument("--label", default=None)
+    add_run_args(ap, out=None, deadline_s=540.0, doc=False)
     a = ap.parse_args()
-    t_end = time.monotonic() + a.deadline_s
+    run = start_run(a, "pyspy-gateway")
+    t_end, workdir = run.t_end, run.workdir
     out = a.out_dir.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    workdir = (a.workdir or Path(tempfile.mkdtemp(prefix="pyspy-gateway-"))).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     config = a.config or (servers.GPU_CONFIG if a.device == "gpu" else servers.CPU_CONFIG)
     settings, profile, overrides = servers.gateway_profile(a, config, workdir)
     notes: list[str] = [f"command: {' '.join(sys.argv)}", f"profile: {config.name} + {json.dumps(overrides)}"]
