@@ -101,3 +101,4 @@ def test_the_front_sends_metrics_to_the_view_and_keeps_the_allow_list(tmp_path) 
     location = location[:location.index("}")]
     assert "proxy_pass http://127.0.0.1:9100;" in location and "deny all;" in location
     assert "allow 127.0.0.1;" in location and "llm_gateway" not in location
+
