@@ -3,7 +3,6 @@ temp directory, no persistence, stopped by the test that started it."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
 import time
@@ -12,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from server.replicas import shared_limits
 from server.runner.processes import stop_child
 from tests.conftest import free_port
 
 
 def redis_binary() -> str:
-    found = shutil.which("redis-server")
+    found = shared_limits.redis_binary()
     if not found:
         pytest.fail("redis-server is not installed (CI installs it: .ci/run apt-installs redis-server)")
     return found

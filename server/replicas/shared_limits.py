@@ -42,8 +42,7 @@ def _pong(path: Path) -> bool:
 class PrivateRedis:
     """redis-server on `<directory>/redis.sock` (mode 0700, no TCP port, no persistence)."""
 
-    def __init__(self, binary: str, directory: Path) -> None:
-        self.binary = binary
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.socket_dir = directory
         if len(str(directory / "redis.sock")) > UNIX_PATH_MAX:
@@ -56,12 +55,17 @@ class PrivateRedis:
         return f"unix://{self.socket_path}"
 
     def start(self, timeout_s: float = 20.0) -> None:
+        """Start it and wait for its PONG; RuntimeError (saying why) when it cannot start."""
+        binary = redis_binary()
+        if binary is None:
+            raise RuntimeError("--replicas with a keys file shares the tenants' limits between the replicas through "
+                               "Redis: install redis-server (Debian: apt install redis-server), or set auth.redis_url")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         log_path = self.directory / "redis.log"
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
+                [binary, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
                  "--dir", str(self.directory), "--save", "", "--appendonly", "no", "--daemonize", "no"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s

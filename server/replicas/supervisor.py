@@ -38,7 +38,7 @@ import psutil
 from server.lifecycle.rolling_reload import RollError, ready, roll
 from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.replicas.metrics_view import MetricsView
-from server.replicas.shared_limits import PrivateRedis, redis_binary
+from server.replicas.shared_limits import PrivateRedis
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
@@ -120,7 +120,7 @@ class Supervisor:
             env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
         self.redis: PrivateRedis | None = None
         if settings.auth.keys_file is not None and not settings.auth.redis_url:
-            self.redis = PrivateRedis(redis_binary() or "redis-server", self.prefix / "redis")
+            self.redis = PrivateRedis(self.prefix / "redis")
             env["LLM_GATEWAY_AUTH__REDIS_URL"] = self.redis.url
         base = settings.server.port
         self.replicas = [
@@ -272,12 +272,9 @@ class Supervisor:
         self._end_orphans()
 
     def _start_redis(self) -> bool:
+        """Start the private redis-server, if the replicas need one; False (logged) when it fails."""
         if self.redis is None:
             return True
-        if redis_binary() is None:
-            logger.error("--replicas with a keys file shares the tenants' limits between the replicas through Redis: "
-                         "install redis-server (Debian: apt install redis-server), or set auth.redis_url")
-            return False
         try:
             self.redis.start()
         except RuntimeError as exc:
@@ -291,10 +288,7 @@ class Supervisor:
             return
         # meanwhile each replica counts on its own (the limiter fails open, and says so)
         logger.warning("the private redis-server exited: starting it again")
-        try:
-            self.redis.start()
-        except RuntimeError as exc:
-            logger.error("%s", exc)
+        self._start_redis()
 
     # -- the run -----------------------------------------------------------------------------
 

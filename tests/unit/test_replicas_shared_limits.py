@@ -39,9 +39,9 @@ def test_replicas_with_redis_url_keep_it(tmp_path) -> None:  # type: ignore[no-u
 
 
 def test_without_redis_server_the_replicas_refuse_to_start(tmp_path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
-    from server.replicas import supervisor
+    from server.replicas import shared_limits, supervisor
 
-    monkeypatch.setattr(supervisor, "redis_binary", lambda: None)
+    monkeypatch.setattr(shared_limits, "redis_binary", lambda: None)
     sup = supervisor.Supervisor(replicas_settings(tmp_path), [], 2)
     try:
         assert sup._start_redis() is False
@@ -53,10 +53,9 @@ def test_without_redis_server_the_replicas_refuse_to_start(tmp_path, monkeypatch
 def test_the_private_redis_runs_on_a_short_socket_path_and_stops(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from server.replicas.shared_limits import PrivateRedis, redis_binary
 
-    binary = redis_binary()
-    assert binary, "redis-server is missing: .ci/run installs the Debian package `redis-server`"
+    assert redis_binary(), "redis-server is missing: .ci/run installs the Debian package `redis-server`"
     deep = tmp_path / ("d" * 60) / ("e" * 60)  # past what a Unix socket path may hold
-    redis = PrivateRedis(binary, deep)
+    redis = PrivateRedis(deep)
     redis.start()
     try:
         assert redis.alive() and len(str(redis.socket_path)) <= 100 and redis.socket_path.exists()
