@@ -12,7 +12,9 @@ spreads requests over the first N gateways (`least_conn`). An idle engine does n
 Each (concurrency, repeat) cell runs every way in turn, the order rotating, and each way with both
 load clients: vLLM's own `vllm bench serve` (one process, as users run it) and `loadtest` (several
 processes), their order alternating. Per cell: out tok/s, TTFT and TPOT, the GPU's utilisation
-sampled by nvidia-smi, and for `rN` how the replicas split the generated tokens.
+sampled by nvidia-smi, for `rN` how the replicas split the generated tokens, and where the host's
+CPU went (each engine core's and API process's share of one core, the machine's busy cores:
+benchmarks/lib/host_cpu.py), which says whether the engines or the host as a whole set the limit.
 
 Reported: per (client, way, concurrency) the median over the repeats with the spread, the ratio of
 medians to `vllm serve` by the same client, and the goal check (>= 1.5x `vllm serve` at c >= 256 with
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib import engine_side, servers
+from benchmarks.lib import engine_side, host_cpu, servers
 from benchmarks.lib.clients import CLIENTS, from_vllm_bench, vllm_bench_cmd
 from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gpu import GpuSampler
@@ -180,9 +182,11 @@ def main() -> None:
     procs: dict[str, servers.Server] = {}
     fronts: dict[str, servers.Server] = {}
     sampler = GpuSampler() if gpu else None
+    cpu_sampler: host_cpu.CpuSampler | None = None
     recs: list[dict[str, Any]] = []
     try:
         procs, start_s = start_engines(a, settings, profile, workdir, k, t_end)
+        cpu_sampler = host_cpu.CpuSampler({name: srv.proc.pid for name, srv in procs.items()})
         meta["start_s"] = start_s
         meta["memory"] = {name: engine_memory(srv.log_tail(400_000)) for name, srv in procs.items()}
         gw_ports = [procs[f"gateway{i + 1}"].port for i in range(k)]
@@ -211,25 +215,35 @@ def main() -> None:
                         n_replicas = int(way[1:]) if way.startswith("r") else 1
                         backends = gw_ports[:n_replicas] if way.startswith("r") else []
                         before = [engine_side.scrape(f"http://127.0.0.1:{p}") for p in backends]
+                        serving = ["vllm"] if way == "vllm" else [f"gateway{i + 1}" for i in range(n_replicas)]
                         t0 = time.time()
                         got = run_client(client, urls[way], c, rep, a, settings.served_model_name, tokenizer,
                                          workdir, t_end, f"{way}-c{c}-r{rep}-{client}")
                         t1 = time.time()
                         if got is None:
                             continue
+                        # the timed part of the run: the client's start and warm-up come before it
+                        timed = (t1 - float(got.get("duration_s") or (t1 - t0)), t1)
+                        time.sleep(1.0)  # a CPU snapshot after t1
+                        cpu = cpu_sampler.window(*timed, servers=serving) if cpu_sampler else {}
+                        timed_gpu = {f"timed_{k}": v for k, v in sampler.window(*timed).items()} if sampler else {}
                         after = [engine_side.scrape(f"http://127.0.0.1:{p}") for p in backends]
                         rec = {"bench": "replicas", "way": way, "replicas": n_replicas,
                                "engine": "vllm serve" if way == "vllm" else "gateway", "client": client,
                                "concurrency": c, "repeat": rep, **got,
                                **(sampler.window(t0, t1) if sampler else {}),
-                               **({"replica_token_share": balance(before, after)} if backends else {}),
+                               **({"replica_token_share": balance(before, after)} if backends else {}), **cpu, **timed_gpu,
                                "time": servers.now_utc(), **meta}
                         servers.append_jsonl(a.out, rec)
                         recs.append(rec)
                         print(f"[{way} {client}] c={c} rep {rep}: {rec['output_token_throughput']:.0f} out tok/s, "
                               f"TTFT p50 {rec['ttft_p50_ms']} ms, TPOT p50 {rec['tpot_p50_ms']} ms, failed "
                               f"{rec['failed']}, GPU util {rec.get('gpu_util_mean_pct')}%, "
-                              f"split {rec.get('replica_token_share')}", flush=True)
+                              f"split {rec.get('replica_token_share')}; timed part: GPU util "
+                              f"{rec.get('timed_gpu_util_mean_pct')}%, engine cores "
+                              f"{[v['core_pct'] for v in cpu.get('cpu_by_server', {}).values()]}% of a core, API "
+                              f"{[v['api_pct'] for v in cpu.get('cpu_by_server', {}).values()]}%, machine "
+                              f"{cpu.get('machine_busy_cores')} of {cpu.get('cpu_count')} cores busy", flush=True)
     except (RuntimeError, TimeoutError) as exc:
         print(f"[replicas] stopped: {str(exc)[:3000]}", flush=True)
     finally:
@@ -242,6 +256,8 @@ def main() -> None:
             srv.stop(grace_s=30)
         if sampler:
             sampler.stop()
+        if cpu_sampler:
+            cpu_sampler.stop()
     rows = summarize(recs)
     checks = goal_check(rows)
     print(table(rows, checks), flush=True)

@@ -65,6 +65,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ports_free(*ports: int) -> bool:
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def front_port(replicas: int = 2) -> int:
+    """A port p with the next `replicas` ports free too (`serve --replicas`: replica i on p + 1 + i)."""
+    for _ in range(50):
+        port = free_port()
+        if port < 65000 and ports_free(*range(port, port + replicas + 1)):
+            return port
+    raise RuntimeError(f"no {replicas + 1} free consecutive ports")
+
+
 @dataclass
 class ServerProcess:
     proc: subprocess.Popen[bytes]

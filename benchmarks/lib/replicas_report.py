@@ -72,6 +72,12 @@ def _med(rs: list[dict[str, Any]], key: str) -> float | None:
     return round(statistics.median(vals), 2) if vals else None
 
 
+def _per_server(r: dict[str, Any], key: str) -> float | None:
+    """The mean over a cell's serving engines of one host_cpu share (core_pct, api_pct)."""
+    vals = [v[key] for v in (r.get("cpu_by_server") or {}).values() if v.get(key) is not None]
+    return round(sum(vals) / len(vals), 1) if vals else None
+
+
 def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in recs:
@@ -88,6 +94,10 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "ttft_p50_ms_min": min(ttft) if ttft else None, "ttft_p50_ms_max": max(ttft) if ttft else None,
                      "ttft_p99_ms_median": _med(rs, "ttft_p99_ms"), "tpot_p50_ms_median": _med(rs, "tpot_p50_ms"),
                      "gpu_util_mean_pct_median": _med(rs, "gpu_util_mean_pct"),
+                     "timed_gpu_util_mean_pct_median": _med(rs, "timed_gpu_util_mean_pct"),
+                     "engine_core_pct_median": _med([{"v": _per_server(r, "core_pct")} for r in rs], "v"),
+                     "api_pct_median": _med([{"v": _per_server(r, "api_pct")} for r in rs], "v"),
+                     "machine_busy_cores_median": _med(rs, "machine_busy_cores"),
                      "failed": sum(int(r.get("failed") or 0) for r in rs)})
     by = {(r["client"], r["concurrency"], r["way"]): r for r in rows}
     for r in rows:
@@ -119,14 +129,16 @@ def goal_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def table(rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
     f = servers.fmt_num
     out = ["| client | concurrency | way | repeats | out tok/s median (min-max) | vs vllm serve | TTFT p50 ms "
-           "median (min-max) | TPOT p50 ms | GPU util % | failed |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "median (min-max) | TPOT p50 ms | GPU util % | engine core / API % of a core | busy cores | failed |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {r['client']} | {r['concurrency']} | {way_label(r['way'])} | {r['repeats']} | "
                    f"{f(r['out_tok_s_median'])} ({f(r['out_tok_s_min'])}-{f(r['out_tok_s_max'])}) | "
                    f"{'-' if r.get('vs_vllm') is None else format(r['vs_vllm'], '.2f') + 'x'} | "
                    f"{f(r['ttft_p50_ms_median'])} ({f(r['ttft_p50_ms_min'])}-{f(r['ttft_p50_ms_max'])}) | "
-                   f"{f(r['tpot_p50_ms_median'])} | {f(r['gpu_util_mean_pct_median'])} | {r['failed']} |")
+                   f"{f(r['tpot_p50_ms_median'])} | {f(r.get('timed_gpu_util_mean_pct_median') or r['gpu_util_mean_pct_median'])} | "
+                   f"{f(r.get('engine_core_pct_median'))} / {f(r.get('api_pct_median'))} | "
+                   f"{f(r.get('machine_busy_cores_median'))} | {r['failed']} |")
     if checks:
         out.append("")
         out.append(f"Goal (issue 36): replicas >= {GOAL_RATIO}x `vllm serve` at c >= {GOAL_HIGH_C} with TTFT p50 "

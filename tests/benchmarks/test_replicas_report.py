@@ -94,3 +94,8 @@ def test_replicas_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
         assert r["failed"] == 0 and r["completed"] == 4 and r["total_output_tokens"] == 4 * 8, r
     two = [r for r in recs if r["way"] == "r2"]
     assert all(len(r["replica_token_share"]) == 2 and min(r["replica_token_share"]) > 0 for r in two), two
+    # where the host's CPU went in the timed part: the serving engines' cores and API processes
+    for r in recs:
+        serving = {"vllm"} if r["way"] == "vllm" else {f"gateway{i + 1}" for i in range(r["replicas"])}
+        assert set(r["cpu_by_server"]) == serving, r["cpu_by_server"]
+        assert r["machine_busy_cores"] > 0 and r["cpu_count"] >= 1, r

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.replicas import front
 from server.settings.keys_file import hashed
 from server.replicas.supervisor import child_argv
-from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, engine_core_processes, free_port
+from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, engine_core_processes, front_port
 from tests.e2e.conftest import nginx_binary, wait_for
 from tests.load import Load
 
@@ -39,25 +38,6 @@ KEYS = [{"name": "load", "key": hashed(LOAD_KEY)},
         {"name": "metered", "key": hashed(METERED_KEY), "requests_per_minute": METERED_RPM}]
 LOAD = {"Authorization": f"Bearer {LOAD_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-def ports_free(*ports: int) -> bool:
-    for port in ports:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def front_port() -> int:
-    """A port p with p + 1 and p + 2 free too (the replicas' ports)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65000 and ports_free(port, port + 1, port + 2):
-            return port
-    raise RuntimeError("no three free consecutive ports")
 
 
 def running(process: psutil.Process) -> bool:
