@@ -72,6 +72,13 @@ def test_no_config_is_the_shipped_profile_for_this_device(monkeypatch: pytest.Mo
     assert (PROFILES_DIR / DEFAULT_PROFILES[device]).resolve() == (ROOT / "configs" / DEFAULT_PROFILES[device]).resolve()
 
 
+def test_every_profile_in_configs_ships_with_the_package() -> None:
+    """server/profiles/ links each configs/*.yaml, so an installed gateway (and the engine-args check
+    on both vLLM releases) has every profile the README lists."""
+    shipped = {p.name: p.resolve() for p in PROFILES_DIR.glob("*.yaml")}
+    assert shipped == {p.name: p.resolve() for p in (ROOT / "configs").glob("*.yaml")}
+
+
 @pytest.mark.parametrize("content,why", [
     (b"server: {port: 1\x00}", "not valid YAML"),
     (b"engine: [1, 2\n", "not valid YAML (line 2, column 1)"),
