@@ -10,7 +10,7 @@
 #   --gpus N        one instance per GPU (llm-gateway@.service) instead of llm-gateway.service
 #   --replicas-per-gpu R
 #                   R instances per GPU (with --gpus): instance i on GPU i / R, port 8000 + i, each
-#                   with 1/R of the profile's gpu_memory_utilization; the instances of one GPU start
+#                   with 1/R of the profile's gpu_memory_utilization less 0.05; the instances of one GPU start
 #                   one after another (each engine checks the free memory when it starts). One engine
 #                   is bound by its own CPU work per step, so a second one on the same H200 adds
 #                   throughput; put nginx (--nginx) in front for one address
@@ -94,9 +94,11 @@ install_new 0640 "$CONFIG" /etc/llm-gateway/config.yaml
 install_new 0640 "$SRC/systemd/llm-gateway.env.example" /etc/llm-gateway/llm-gateway.env
 units=()
 if [ "$GPUS" -gt 0 ]; then
-  # The profile's memory share, split between the replicas of one GPU.
+  # The profile's memory share, split between the replicas of one GPU, each leaving 0.05 of the GPU
+  # for what an engine holds beyond vLLM's own accounting (server/replicas/supervisor.memory_share).
   share=$(sed -n 's/^ *gpu_memory_utilization: *\([0-9.]*\).*/\1/p' "$CONFIG" | head -1)
-  replica_share=$(awk -v s="${share:-0.90}" -v r="$REPLICAS" 'BEGIN { printf "%.2f", int(s / r * 100) / 100 }')
+  replica_share=$(awk -v s="${share:-0.90}" -v r="$REPLICAS" \
+    'BEGIN { x = s / r - (r > 1 ? 0.05 : 0); printf "%.2f", int(x * 100 + 1e-9) / 100 }')
   for ((i = 0; i < INSTANCES; i++)); do
     gpu=$((i / REPLICAS))
     tmp="$(mktemp)"

@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_config_args(serve)
     serve.add_argument("--replicas", type=int, default=None, metavar="N",
                        help="N gateway processes (each with its engine) on ports server.port+1..+N behind nginx "
-                            "on server.host:server.port; on a GPU each takes 1/N of gpu_memory_utilization "
+                            "on server.host:server.port; on a GPU each takes 1/N of gpu_memory_utilization less 0.05 "
                             "(default: the profile's server.replicas, 1 unless set: one process, no nginx)")
     serve.add_argument("--no-client-limits", action="store_true",
                        help="with --replicas: leave out the shipped nginx site's per-client request and "

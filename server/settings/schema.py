@@ -66,8 +66,9 @@ class ServerSettings(BaseModel):
 
     replicas: int = Field(1, ge=1)
     """Gateway processes, each with its own engine, behind nginx on `host:port` (`llm-gateway serve`
-    runs them: server/replicas/). On a GPU each takes 1/N of `engine.gpu_memory_utilization`. 1: one
-    process, no nginx. `serve --replicas N` overrides it."""
+    runs them: server/replicas/). On a GPU each takes 1/N of `engine.gpu_memory_utilization` less 0.05
+    (what an engine holds past vLLM's own accounting). 1: one process, no nginx. `serve --replicas N`
+    overrides it."""
 
     warmup: bool | None = None
     """Before an engine takes traffic (at start and after a drain-swap or blue-green reload), run a
