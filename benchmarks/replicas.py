@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib import engine_side, host_cpu, servers
+from benchmarks.lib import engine_side, host_cpu, mps, servers
 from benchmarks.lib.clients import CLIENTS, from_vllm_bench, vllm_bench_cmd
 from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gpu import GpuSampler
@@ -140,6 +140,8 @@ def main() -> None:
     servers.add_profile_args(ap, "profile override (repeatable)")
     ap.add_argument("--replicas", default="1,2,3,4", help="the N of each front door (gateways behind nginx)")
     ap.add_argument("--no-vllm", action="store_true", help="no `vllm serve` anchor")
+    ap.add_argument("--mps", action="store_true", help="run every engine as a client of a CUDA MPS daemon "
+                    "(benchmarks/lib/mps.py), so that their kernels share the GPU at once instead of by turns")
     ap.add_argument("--concurrency", default="256,512")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clients", default=",".join(CLIENTS))
@@ -184,7 +186,11 @@ def main() -> None:
     sampler = GpuSampler() if gpu else None
     cpu_sampler: host_cpu.CpuSampler | None = None
     recs: list[dict[str, Any]] = []
+    daemon = mps.MpsDaemon(workdir / "mps") if a.mps else None
+    meta["mps"] = bool(a.mps)
     try:
+        if daemon is not None:
+            os.environ.update(daemon.start())  # every engine started below inherits it
         procs, start_s = start_engines(a, settings, profile, workdir, k, t_end)
         cpu_sampler = host_cpu.CpuSampler({name: srv.proc.pid for name, srv in procs.items()})
         meta["start_s"] = start_s
@@ -244,7 +250,7 @@ def main() -> None:
                               f"{[v['core_pct'] for v in cpu.get('cpu_by_server', {}).values()]}% of a core, API "
                               f"{[v['api_pct'] for v in cpu.get('cpu_by_server', {}).values()]}%, machine "
                               f"{cpu.get('machine_busy_cores')} of {cpu.get('cpu_count')} cores busy", flush=True)
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError) as exc:  # mps.MpsError is a RuntimeError
         print(f"[replicas] stopped: {str(exc)[:3000]}", flush=True)
     finally:
         # an engine short of KV cache preempts (vllm:num_preemptions_total), which would favour the replicas
@@ -258,6 +264,8 @@ def main() -> None:
             sampler.stop()
         if cpu_sampler:
             cpu_sampler.stop()
+        if daemon is not None:
+            daemon.stop()
     rows = summarize(recs)
     checks = goal_check(rows)
     print(table(rows, checks), flush=True)
