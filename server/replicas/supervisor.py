@@ -17,7 +17,12 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 - With a keys file, the tenants' limits and budgets hold across the replicas: they share
   `auth.redis_url`, or a private redis-server the supervisor runs (shared_limits.py).
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
-- SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs).
+- SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs), in a
+  thread, so that /ready, restarts and the watchdog go on while engines swap (minutes on a GPU).
+- Under systemd (`Type=notify`), the supervisor is the main process and speaks sd_notify itself:
+  READY=1 once nginx serves, RELOADING=1 ... READY=1 around a roll, STOPPING=1, STATUS with the
+  ready replicas, and WATCHDOG=1 while its loop runs. The replicas get no NOTIFY_SOCKET: systemd
+  would drop their messages (NotifyAccess=main), and their own stall rule ends a stalled engine.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,7 @@ from server.lifecycle.rolling_reload import RollError, ready, roll
 from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.replicas.metrics_view import MetricsView
 from server.replicas.shared_limits import PrivateRedis
+from server.runner.notify import Notifier
 from server.runner.processes import become_subreaper, end_processes
 from server.settings import Settings
 
@@ -47,6 +54,7 @@ logger = logging.getLogger("llm_gateway.replicas")
 
 RESTART_BACKOFF_MAX_S = 60.0
 READY_POLL_S = 1.0  # how often /ready's file is brought up to date
+SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the supervisor's, not the replicas'
 REPLICA_RESERVE = 0.05  # of the GPU's memory, per replica, beyond vLLM's own accounting (memory_share)
 
 
@@ -123,7 +131,13 @@ class Supervisor:
         self.prefix = Path(settings.server.state_dir).resolve() / f"replicas-{settings.server.port}"
         self.stopping = False
         self.reload_requested = False
-        env = dict(os.environ)
+        self.notifier = Notifier()
+        self._watchdog_s = self.notifier.watchdog_interval_s()
+        self._pinged = 0.0
+        self._roll: threading.Thread | None = None
+        self._roll_ended = False
+        self._status = ""
+        env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_ENV}
         share = memory_share(settings, replicas)
         if share is not None:
             env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
@@ -146,16 +160,38 @@ class Supervisor:
     def _on_stop(self, signum: int, _frame: object) -> None:
         if not self.stopping:
             logger.info("%s: draining %d replica(s)", signal.Signals(signum).name, self.n)
+            self.notifier.stopping(f"draining {self.n} replica(s)")
         self.stopping = True
 
     def _on_hup(self, _signum: int, _frame: object) -> None:
         self.reload_requested = True
+
+    # -- systemd ---------------------------------------------------------------------------
+
+    def _ping(self) -> None:
+        """WATCHDOG=1 every half WatchdogSec while the supervisor's loop runs (each replica's own
+        stall rule ends a stalled engine; the supervisor then starts that replica again)."""
+        if self._watchdog_s is not None and not self.stopping and time.monotonic() - self._pinged >= self._watchdog_s:
+            self._pinged = time.monotonic()
+            self.notifier.watchdog()
+
+    def _tell(self, status: str) -> None:
+        if status != self._status:
+            self._status = status
+            self.notifier.status(status)
+
+    def _serving_status(self) -> str:
+        s = self.settings.server
+        up = sum(1 for r in self.replicas if r.ready)
+        return (f"serving {self.settings.served_model_name} on http://{s.host}:{s.port} through nginx: "
+                f"{up} of {self.n} replicas ready")
 
     # -- steps -----------------------------------------------------------------------------
 
     def _wait_ready(self, replica: Replica, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not self.stopping and time.monotonic() < deadline:
+            self._ping()
             if not replica.alive():
                 logger.error("replica %d exited with %s before it was ready; its log: %s", replica.index,
                              replica.proc.returncode if replica.proc else None, replica.log_path)
@@ -244,6 +280,15 @@ class Supervisor:
                 logger.info("replica %d: ready again on %s, %.0f s after its restart", replica.index, replica.url,
                             time.monotonic() - replica.started_at)
 
+    def _start_roll(self) -> None:
+        """A rolling reload in a thread; a SIGHUP during one waits for it to end, then rolls again."""
+        if self._roll is not None and self._roll.is_alive():
+            return
+        self.reload_requested = False
+        self.notifier.reloading(f"rolling reload of {self.n} replicas")
+        self._roll = threading.Thread(target=self._rolling_reload, name="rolling-reload", daemon=True)
+        self._roll.start()
+
     def _rolling_reload(self) -> None:
         keys = self.settings.auth.admin_keys
         try:
@@ -251,8 +296,12 @@ class Supervisor:
             logger.info("rolling reload: %d replica(s) reloaded", len(steps))
         except RollError as exc:
             logger.error("rolling reload stopped: %s", exc)
+        finally:
+            self._roll_ended = True  # the main loop says READY=1 with a fresh count of ready replicas
 
     def _stop_all(self) -> None:
+        if not self.stopping:  # not a signal: a failed start, or nginx gone
+            self.notifier.stopping("stopping")
         self.stopping = True
         (self.prefix / READY_FILE).unlink(missing_ok=True)  # draining: /ready says 503 from now on
         for replica in self.replicas:
@@ -316,6 +365,7 @@ class Supervisor:
                 return 2
             self.metrics.start()
             for replica in self.replicas:
+                self._tell(f"starting replica {replica.index + 1} of {self.n}")
                 replica.start()
                 if not self._wait_ready(replica, timeout_s=1800):
                     return 0 if self.stopping else 1
@@ -325,19 +375,25 @@ class Supervisor:
             logger.info("serving %s on http://%s:%d through nginx: %d replicas on ports %s (/metrics: all of them, "
                         "labelled by replica); logs under %s", self.settings.served_model_name, s.host, s.port, self.n,
                         ", ".join(str(r.port) for r in self.replicas), self.prefix)
+            self._status = self._serving_status()
+            self.notifier.ready(self._status)  # /ready's file is written (_start_nginx): nginx answers 200
             while not self.stopping:
                 time.sleep(0.5)
+                self._ping()
                 if self.nginx is not None and self.nginx.poll() is not None:
                     logger.error("nginx exited (%s): stopping the replicas", self.nginx.returncode)
                     return 1
                 self._end_orphans()
                 self._restart_redis()
                 self._restart_dead()
-                if time.monotonic() - self._ready_checked >= READY_POLL_S:
+                if self._roll_ended or time.monotonic() - self._ready_checked >= READY_POLL_S:
                     self._publish_ready()
+                    self._tell(self._serving_status())
+                if self._roll_ended:
+                    self._roll_ended = False
+                    self.notifier.ready(self._serving_status())
                 if self.reload_requested:
-                    self.reload_requested = False
-                    self._rolling_reload()
+                    self._start_roll()
             return 0
         finally:
             self._stop_all()

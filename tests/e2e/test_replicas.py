@@ -5,7 +5,9 @@ both (a private redis-server); a replica killed under load loses no request (ngi
 sent there on the other one), /ready says one is left, and it is started again; a replica whose
 engine stalls under load exits and is started again, its plain requests resent; SIGTERM drains
 everything and leaves no process behind. SIGHUP after a profile change rolls a reload over the
-replicas, one engine swap at a time, under load: no request fails."""
+replicas, one engine swap at a time, under load: no request fails, and the front's /ready counts
+the swapping replica out meanwhile. Under systemd the supervisor is the main process: it alone
+sends sd_notify (READY once nginx serves, RELOADING around the roll, STOPPING, watchdog pings)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from server.replicas import front
 from server.settings.keys_file import hashed
 from server.replicas.supervisor import child_argv
 from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, engine_core_processes, front_port
-from tests.e2e.conftest import nginx_binary, wait_for
+from tests.e2e.conftest import NotifyListener, nginx_binary, wait_for
 from tests.load import Load
 
 COMPLETIONS = "/v1/completions"
@@ -93,6 +95,8 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
     config = tmp_path / "profile.yaml"  # edited before the SIGHUP below
     shutil.copy(CONFIG, config)
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"keys": KEYS}, sort_keys=False))
+    listener = NotifyListener(tmp_path / "notify.sock")  # as systemd's Type=notify socket
+    listener.base_url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "server", "serve", "--config", str(config), "--state-dir", str(STATE_DIR),
@@ -102,7 +106,8 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
             # as one process, not as a supervisor of its own
             env={**os.environ, "LLM_GATEWAY_SERVER__REPLICAS": "2",
                  "LLM_GATEWAY_AUTH__USAGE_DB": str(tmp_path / "usage.sqlite3"),
-                 "LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(STALL_TIMEOUT_S)},
+                 "LLM_GATEWAY_HEALTH__STALL_TIMEOUT_S": str(STALL_TIMEOUT_S),
+                 "NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": "2000000"},
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     replica_ports = [port + 1, port + 2]
@@ -113,6 +118,14 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
     try:
         assert wait_for(lambda: "through nginx" in log() or proc.poll() is not None, timeout=300, interval=0.5)
         assert proc.poll() is None, log()[-3000:]
+        # sd_notify: READY=1 once the front answers /ready 200, with both replicas up; every message
+        # from the supervisor (NotifyAccess=main): the replicas got no NOTIFY_SOCKET
+        _, note = listener.wait_for("READY", "1", timeout=10)
+        assert note.ready_status == 200 and "2 of 2 replicas ready" in note.fields["STATUS"], note.raw
+        assert listener.messages[0].fields == {"STATUS": "starting replica 1 of 2"}, listener.messages[0].raw
+        first_ping, _ = listener.wait_for("WATCHDOG", "1", timeout=5)
+        listener.wait_for("WATCHDOG", "1", after=first_ping + 1, timeout=5)  # every second (WatchdogSec=2)
+        assert {m.pid for m in listener.messages} == {proc.pid}
         with httpx.Client() as client:
             # least_conn with nothing open alternates: both replicas serve through the one port
             before = [served(p) for p in replica_ports]
@@ -207,17 +220,28 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
         profile = yaml.safe_load(config.read_text())
         profile["engine"]["max_num_seqs"] = 48
         config.write_text(yaml.safe_dump(profile))
+        seen_ready: set[int | None] = set()
+
+        def rolled() -> bool:
+            # the roll runs in a thread: the front's /ready goes on, and counts a swapping replica out
+            seen_ready.add(ready_count(base)[1])
+            return "rolling reload: 2 replica(s) reloaded" in log() or "rolling reload stopped" in log()
+
         with Load(base, clients=4, headers=LOAD) as load:
             time.sleep(2)
+            before_hup = len(listener.messages)
             proc.send_signal(signal.SIGHUP)
-            assert wait_for(lambda: "rolling reload: 2 replica(s) reloaded" in log() or "rolling reload stopped" in log(),
-                            timeout=300, interval=0.5), log()[-3000:]
+            assert wait_for(rolled, timeout=300, interval=0.5), log()[-3000:]
             swapped_at = load.ended
             assert wait_for(lambda: load.ended >= swapped_at + 4, timeout=120, interval=0.2), load.result
         print(f"{load.ended} requests across the rolling reload; failures: {load.result.failures}")
         assert "rolling reload: 2 replica(s) reloaded" in log(), log()[-3000:]
         assert load.result.failures == [], load.result.failures
         assert len([line for line in log().splitlines() if "(drain-swap, " in line]) == 2, log()[-3000:]
+        assert 1 in seen_ready and 2 in seen_ready, seen_ready
+        reloading, _ = listener.wait_for("RELOADING", "1", after=before_hup, timeout=5)
+        _, back = listener.wait_for("READY", "1", after=reloading + 1, timeout=10)
+        assert "2 of 2 replicas ready" in back.fields["STATUS"], back.raw
         for rp in replica_ports:
             status = httpx.get(f"http://127.0.0.1:{rp}/admin/status", headers=ADMIN, timeout=10).json()
             assert status["profile"]["max_num_seqs"] == 48, status["profile"]
@@ -226,12 +250,16 @@ def test_two_replicas_behind_one_port(tmp_path: Path) -> None:
 
         # SIGTERM: the replicas drain, nginx quits, nothing is left
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        before_term = len(listener.messages)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(120) == 0, log()[-3000:]
+        listener.wait_for("STOPPING", "1", after=before_term, timeout=5)
+        assert {m.pid for m in listener.messages} == {proc.pid}
         assert wait_for(lambda: not [p for p in family if running(p)], timeout=30), family
         assert "stopped (exit 0)" in log()
         assert not list((STATE_DIR / f"replicas-{port}" / "redis").glob("*.sock"))
     finally:
+        listener.close()
         # after a failure too: the supervisor, its replicas, their engine cores (gigabytes each) and nginx
         try:
             family = psutil.Process(proc.pid).children(recursive=True)
