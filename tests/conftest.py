@@ -16,12 +16,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 import yaml
 
 from server.engine.runtime import ENGINE_PROCESS_ENV, SAME_ANSWERS_ONLY
+
+if TYPE_CHECKING:
+    import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "embedded-cpu.yaml"
@@ -63,6 +67,27 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
+    """`predicate()` again every `interval` s until it returns something true or `timeout` s
+    passed; returns its last result (falsy on timeout), so the caller's assert says what failed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(interval)
+
+
+def running(process: psutil.Process) -> bool:
+    """The process exists and is not a zombie."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def ports_free(*ports: int) -> bool:

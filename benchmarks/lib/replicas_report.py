@@ -67,9 +67,13 @@ def way_label(way: str) -> str:
     return f"gateway x {way[1:]} behind nginx"
 
 
+def _median(vals: list[float | None]) -> float | None:
+    got = [v for v in vals if v is not None]
+    return round(statistics.median(got), 2) if got else None
+
+
 def _med(rs: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in rs if r.get(key) is not None]
-    return round(statistics.median(vals), 2) if vals else None
+    return _median([r.get(key) for r in rs])
 
 
 def _per_server(r: dict[str, Any], key: str) -> float | None:
@@ -95,8 +99,8 @@ def summarize(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "ttft_p99_ms_median": _med(rs, "ttft_p99_ms"), "tpot_p50_ms_median": _med(rs, "tpot_p50_ms"),
                      "gpu_util_mean_pct_median": _med(rs, "gpu_util_mean_pct"),
                      "timed_gpu_util_mean_pct_median": _med(rs, "timed_gpu_util_mean_pct"),
-                     "engine_core_pct_median": _med([{"v": _per_server(r, "core_pct")} for r in rs], "v"),
-                     "api_pct_median": _med([{"v": _per_server(r, "api_pct")} for r in rs], "v"),
+                     "engine_core_pct_median": _median([_per_server(r, "core_pct") for r in rs]),
+                     "api_pct_median": _median([_per_server(r, "api_pct") for r in rs]),
                      "machine_busy_cores_median": _med(rs, "machine_busy_cores"),
                      "failed": sum(int(r.get("failed") or 0) for r in rs)})
     by = {(r["client"], r["concurrency"], r["way"]): r for r in rows}

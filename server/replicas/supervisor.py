@@ -186,6 +186,11 @@ class Supervisor:
         return (f"serving {self.settings.served_model_name} on http://{s.host}:{s.port} through nginx: "
                 f"{up} of {self.n} replicas ready")
 
+    def _announce_ready(self) -> None:
+        """READY=1 with the ready count of the last /ready poll as its STATUS."""
+        self._status = self._serving_status()
+        self.notifier.ready(self._status)
+
     # -- steps -----------------------------------------------------------------------------
 
     def _wait_ready(self, replica: Replica, timeout_s: float) -> bool:
@@ -375,8 +380,7 @@ class Supervisor:
             logger.info("serving %s on http://%s:%d through nginx: %d replicas on ports %s (/metrics: all of them, "
                         "labelled by replica); logs under %s", self.settings.served_model_name, s.host, s.port, self.n,
                         ", ".join(str(r.port) for r in self.replicas), self.prefix)
-            self._status = self._serving_status()
-            self.notifier.ready(self._status)  # /ready's file is written (_start_nginx): nginx answers 200
+            self._announce_ready()  # /ready's file is written (_start_nginx): nginx answers 200
             while not self.stopping:
                 time.sleep(0.5)
                 self._ping()
@@ -386,12 +390,13 @@ class Supervisor:
                 self._end_orphans()
                 self._restart_redis()
                 self._restart_dead()
-                if self._roll_ended or time.monotonic() - self._ready_checked >= READY_POLL_S:
+                if self._roll_ended:  # a fresh count of ready replicas goes with READY=1
+                    self._roll_ended = False
+                    self._publish_ready()
+                    self._announce_ready()
+                elif time.monotonic() - self._ready_checked >= READY_POLL_S:
                     self._publish_ready()
                     self._tell(self._serving_status())
-                if self._roll_ended:
-                    self._roll_ended = False
-                    self.notifier.ready(self._serving_status())
                 if self.reload_requested:
                     self._start_roll()
             return 0

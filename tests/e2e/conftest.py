@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from server.replicas import front
-from tests.conftest import ServerProcess, free_port, start_gateway, wait_ready
+from tests.conftest import ServerProcess, free_port, start_gateway, wait_for, wait_ready  # noqa: F401 (wait_for: for the e2e tests)
 
 NGINX_DIR = front.NGINX_DIR
 SITE = front.SITE
@@ -30,17 +30,6 @@ SNIPPET = front.SNIPPET
 TLS_EXAMPLE = NGINX_DIR / "llm-gateway-tls.conf.example"
 SNIPPET_INSTALL_PATH = front.SNIPPET_INSTALL_PATH
 SNIPPET_INCLUDE = front.SNIPPET_INCLUDE
-
-
-def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type: ignore[no-untyped-def]
-    """`predicate()` again every `interval` s until it returns something true or `timeout` s
-    passed; returns its last result (falsy on timeout), so the caller's assert says what failed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(interval)
 
 
 def nginx_binary() -> str:

@@ -28,8 +28,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.replicas import front
 from server.settings.keys_file import hashed
 from server.replicas.supervisor import child_argv
-from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, engine_core_processes, front_port
-from tests.e2e.conftest import NotifyListener, nginx_binary, wait_for
+from tests.conftest import (CONFIG, ROOT, STATE_DIR, SERVED_NAME, engine_core_processes, front_port, running,
+                            wait_for)
+from tests.e2e.conftest import NotifyListener, nginx_binary
 from tests.load import Load
 
 COMPLETIONS = "/v1/completions"
@@ -40,13 +41,6 @@ KEYS = [{"name": "load", "key": hashed(LOAD_KEY)},
         {"name": "metered", "key": hashed(METERED_KEY), "requests_per_minute": METERED_RPM}]
 LOAD = {"Authorization": f"Bearer {LOAD_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-def running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def served(port: int, tenant: str | None = None) -> float:

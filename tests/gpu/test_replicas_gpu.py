@@ -34,7 +34,7 @@ from benchmarks.lib import servers
 from server.replicas.front import nginx_binary
 from server.replicas.supervisor import memory_share
 from server.settings import load_settings
-from tests.conftest import ROOT, front_port
+from tests.conftest import ROOT, front_port, running, wait_for
 from tests.load import Load
 
 pytestmark = pytest.mark.gpu
@@ -63,22 +63,6 @@ class Front:
         return self.log_path.read_text(errors="replace")
 
 
-def wait_for(check, timeout: float, interval: float = 0.5) -> bool:  # noqa: ANN001
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(interval)
-    return bool(check())
-
-
-def alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.fixture(scope="module", params=["replicas"])
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     if nginx_binary() is None:
@@ -102,7 +86,7 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(180) == 0, f.log()[-3000:]
-        assert wait_for(lambda: not [p for p in family if alive(p)], 60), family
+        assert wait_for(lambda: not [p for p in family if running(p)], 60), family
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from server.settings import ConfigFileError, EngineProfile, Settings, load_settings
@@ -77,6 +78,17 @@ def test_every_profile_in_configs_ships_with_the_package() -> None:
     on both vLLM releases) has every profile the README lists."""
     shipped = {p.name: p.resolve() for p in PROFILES_DIR.glob("*.yaml")}
     assert shipped == {p.name: p.resolve() for p in (ROOT / "configs").glob("*.yaml")}
+
+
+def test_the_replicas_profile_is_the_decode_profile_run_twice() -> None:
+    """configs/gemma4-e2b-h200-replicas.yaml copies the decode profile (profiles have no includes):
+    a change to one that misses the other fails here."""
+    decode = yaml.safe_load((ROOT / "configs" / "gemma4-e2b-h200-decode.yaml").read_text())
+    replicas = yaml.safe_load((ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").read_text())
+    assert replicas.pop("server").pop("replicas") == 2
+    assert replicas == {k: v for k, v in decode.items() if k != "server"}
+    assert load_settings(ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").server.model_dump(exclude={"replicas"}) == \
+        load_settings(ROOT / "configs" / "gemma4-e2b-h200-decode.yaml").server.model_dump(exclude={"replicas"})
 
 
 @pytest.mark.parametrize("content,why", [
