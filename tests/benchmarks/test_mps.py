@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.lib.mps import MpsDaemon, MpsError
+from benchmarks.lib.mps import MpsDaemon, MpsError, probe
 
 FAKE = """#!/bin/sh
 # -d: start (the real daemon forks and makes its control pipe); no argument: a command on stdin
@@ -49,3 +49,17 @@ def test_errors_say_what_is_missing(tmp_path: Path) -> None:
     silent = MpsDaemon(tmp_path / "c" / "mps", binary=fake_control(silent_dir, "#!/bin/sh\nexit 0\n"))
     with pytest.raises(MpsError, match="no MPS control pipe"):
         silent.start(timeout_s=0.3)
+
+
+def test_probe_runs_a_client_under_the_daemon_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    control = fake_control(tmp_path)
+    code = "import os; print('client ok', os.environ['CUDA_MPS_PIPE_DIRECTORY'])"
+    assert probe(tmp_path / "mps", binary=control, client_code=code) == 0
+    out = capsys.readouterr().out
+    assert f"client exit 0: client ok {tmp_path / 'mps' / 'pipe'}" in out
+    assert (tmp_path / "mps" / "log" / "commands").read_text() == "quit\n"  # stopped after the client
+    assert probe(tmp_path / "m2", binary=control, client_code="raise SystemExit(3)") == 1
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    assert probe(tmp_path / "m3", binary=fake_control(failing, "#!/bin/sh\nexit 1\n")) == 1
+    assert "the daemon did not start" in capsys.readouterr().out
