@@ -84,8 +84,12 @@ def probe(directory: Path, binary: str | None = None, client_code: str = PROBE_C
         print(f"mps probe: the daemon did not start: {exc}")
         return 1
     try:
-        client = subprocess.run([sys.executable, "-c", client_code], capture_output=True, text=True, timeout=120,
-                                env={**os.environ, **env})
+        try:
+            client = subprocess.run([sys.executable, "-c", client_code], capture_output=True, text=True, timeout=120,
+                                    env={**os.environ, **env})
+        except subprocess.TimeoutExpired:
+            print("mps probe: the client hung for 120 s under the daemon")
+            return 1
         print(f"mps probe: client exit {client.returncode}: {(client.stdout + client.stderr).strip()[-800:]}")
         try:
             listed = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
