@@ -24,16 +24,17 @@ args=(tests/gpu -v -rA -p no:cacheprovider --basetemp="$base" -k "[${profiles//,
 pack() {
   tar czf "$OUT/gpu-tests-$tag.tar.gz" --exclude=model -C /tmp "$(basename "$base")" 2>/dev/null
 }
+# a detached run works in its own copy of the tree (detach.sh): nginx from there
+tree=$PWD; [ "${1:-}" = start ] && tree=/tmp/gpu-tests-run-$tag/src
+[ -x .devtools/nginx/nginx ] && export PATH="$tree/.devtools/nginx:$PATH"
+if [ "${1:-}" != wait ]; then
+  rm -rf "$base"
+  python3 requirements/freeze.py --extra gpu --also vllm > "$OUT/gpu.lock" 2>&1
+fi
 case "${1:-}" in
   start|wait)
     source benchmarks/device/detach.sh
-    if [ "$1" = start ]; then
-      rm -rf "$base"
-      python3 requirements/freeze.py --extra gpu --also vllm > "$OUT/gpu.lock" 2>&1
-      # the run's copy of the tree is its working directory: nginx from there
-      [ -x .devtools/nginx/nginx ] && export PATH="/tmp/gpu-tests-run-$tag/src/.devtools/nginx:$PATH"
-      detach_start "gpu-tests-run-$tag" timeout "${RUN_S:-1500}" python3 -m pytest "${args[@]}"
-    fi
+    [ "$1" = start ] && detach_start "gpu-tests-run-$tag" timeout "${RUN_S:-1500}" python3 -m pytest "${args[@]}"
     detach_wait "gpu-tests-run-$tag"
     cp "$DETACH_DIR/run.log" "$OUT/gpu-tests-$tag.txt" 2>/dev/null
     pack
@@ -42,9 +43,6 @@ case "${1:-}" in
     echo "gpu-tests ($profiles) ${1} done after $(( SECONDS - t0 ))s"
     exit "$rc" ;;
 esac
-[ -x .devtools/nginx/nginx ] && export PATH="$PWD/.devtools/nginx:$PATH"
-rm -rf "$base"
-python3 requirements/freeze.py --extra gpu --also vllm > "$OUT/gpu.lock" 2>&1
 timeout $(( deadline > 60 ? deadline : 60 )) python3 -m pytest "${args[@]}" 2>&1 | tee "$OUT/gpu-tests-$tag.txt"
 rc=${PIPESTATUS[0]}
 pack
