@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from server.replicas import front
-from tests.conftest import ServerProcess, free_port, start_gateway, wait_for, wait_ready  # noqa: F401 (wait_for: for the e2e tests)
+from tests.conftest import ServerProcess, free_port, start_gateway, wait_ready
 
 NGINX_DIR = front.NGINX_DIR
 SITE = front.SITE

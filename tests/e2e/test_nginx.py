@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import SERVED_NAME, ServerProcess, free_port
+from tests.conftest import SERVED_NAME, ServerProcess, free_port, wait_for
 from tests.e2e.conftest import (
     SITE,
     SNIPPET_INCLUDE,
@@ -28,7 +28,6 @@ from tests.e2e.conftest import (
     nginx_test,
     port_of,
     start_nginx,
-    wait_for,
     write_wrapper,
 )
 

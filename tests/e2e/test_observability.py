@@ -29,8 +29,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT, SERVED_NAME, free_port
-from tests.e2e.conftest import wait_for
+from tests.conftest import ROOT, SERVED_NAME, free_port, wait_for
 
 PROM_DIR = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "llm-gateway.json"
