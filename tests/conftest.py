@@ -80,11 +80,14 @@ def wait_for(predicate, timeout: float = 20.0, interval: float = 0.25):  # type:
         time.sleep(interval)
 
 
-def running(process: psutil.Process) -> bool:
-    """The process exists and is not a zombie."""
+def running(process: psutil.Process | int) -> bool:
+    """The process (or pid) exists and is not a zombie; one that ends while it is looked at is not
+    running (no NoSuchProcess escapes, as `pid_exists(p) and Process(p).status()` could raise)."""
     import psutil
 
     try:
+        if isinstance(process, int):
+            process = psutil.Process(process)
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False

@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.fixtures import synth_tokenizer
 from benchmarks.lib import servers
-from tests.conftest import ROOT, ServerProcess, engine_core_processes, start_gateway
+from tests.conftest import ROOT, ServerProcess, engine_core_processes, running, start_gateway
 
 pytestmark = pytest.mark.gpu
 
@@ -369,7 +369,7 @@ def test_a_stalled_engine_is_failed_and_the_gateway_exits_3(gemma: tuple[ServerP
         assert outcomes == ["error event"] * 8, outcomes
         assert server.proc.wait(90) == 3
         time.sleep(1)
-        left = [p for p in engine_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in engine_pids if running(p)]
         assert not left, left
     finally:
         for core in cores:

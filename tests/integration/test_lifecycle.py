@@ -23,6 +23,7 @@ from tests.conftest import (
     ROOT,
     ServerProcess,
     descendants,
+    running,
     seed_vllm_cache,
     start_gateway,
     wait_for_engine_core,
@@ -109,7 +110,7 @@ def test_layers_shutdown_and_no_leftovers(launched: dict[str, Launched]) -> None
     assert f"on http://127.0.0.1:{server.port}" in log
     assert "effective profile" in log
     time.sleep(1)
-    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [pid for pid in children if running(pid)]
     assert list((private_state / "run").iterdir()) == []
     # A clean stop logs no error: vLLM's output handler used to log EngineDeadError with a
     # traceback when the engine core stopped under it (issue: at every Ctrl-C / systemctl stop).
@@ -122,7 +123,7 @@ def assert_all_exit(pids: list[int], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     alive = pids
     while time.monotonic() < deadline:
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        alive = [pid for pid in pids if running(pid)]
         if not alive:
             return
         time.sleep(0.2)
@@ -183,7 +184,7 @@ def test_sigterm_while_the_engine_starts(tmp_path: Path, private_state: Path) ->
     assert code == 0, log[-3000:]
     assert took < 20, (took, log[-3000:])
     time.sleep(1)
-    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [pid for pid in children if running(pid)]
 
 
 def test_missing_model_fails_fast_with_a_hint(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import ServerProcess, descendants, start_gateway, wait_ready
+from tests.conftest import ServerProcess, descendants, running, start_gateway, wait_ready
 
 LIMIT = 16
 
@@ -189,7 +189,7 @@ def test_sigterm_drains_in_flight_streams_then_exits_0(limited: ServerProcess) -
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert code == 0
     time.sleep(1)
-    assert not [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in children if running(p)]
 
 
 def test_engine_death_fails_requests_and_exits_nonzero(launched: dict[str, ServerProcess]) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import CONFIG, ROOT, ServerProcess, start_gateway, start_gateway_with_own_config
+from tests.conftest import CONFIG, ROOT, ServerProcess, running, start_gateway, start_gateway_with_own_config
 from tests.load import LOAD_CLIENTS, Load
 
 
@@ -195,7 +195,7 @@ def test_sigterm_while_a_reload_starts_an_engine(request: pytest.FixtureRequest,
         assert answer.status_code == 503, answer.text
         assert "shutting down" in answer.json()["error"]["message"]
         time.sleep(1)
-        left = [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in children if running(p)]
         assert not left, [psutil.Process(p).cmdline() for p in left]
         assert "an engine was still starting" in server.log()
     finally:

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import ServerProcess, descendants, engine_core_processes, start_gateway_with_own_config
+from tests.conftest import ServerProcess, descendants, engine_core_processes, running, start_gateway_with_own_config
 
 pytestmark = pytest.mark.timing  # every test here bounds a detection time
 
@@ -100,13 +100,6 @@ def watched(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     watched = Watched(server, config, None, start)
     yield watched
     watched.server.stop()
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def engine_cores(server: ServerProcess) -> list[psutil.Process]:
