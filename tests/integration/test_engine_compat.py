@@ -30,6 +30,18 @@ def test_every_shipped_profile_maps_onto_engine_args(profile: str) -> None:
     assert sorted(set(engine_args_kwargs(settings)) - known) == []
 
 
+def test_stream_interval_reaches_the_engine_args() -> None:
+    """docs/performance/replicas.md names `engine.extra_engine_args: {stream_interval: k}` (the engine
+    hands on a stream's tokens every k steps) as a lever for the front's event loop, for vLLM 0.26 and
+    0.32 alike: the key must reach `AsyncEngineArgs` as itself, and both releases must know it."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    settings = load_settings(PROFILES_DIR / "embedded-cpu.yaml", engine={"extra_engine_args": {"stream_interval": 4}})
+    kwargs = engine_args_kwargs(settings)
+    assert kwargs["stream_interval"] == 4
+    assert "stream_interval" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+
+
 def _sampling(**fields: object) -> object:
     engine = object.__new__(VllmEngine)  # make_sampling needs no running engine
     return engine.make_sampling(SamplingOptions(**{"max_tokens": 8, **fields}))  # type: ignore[arg-type]
