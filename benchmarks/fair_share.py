@@ -90,6 +90,7 @@ async def measure_way(url: str, args: argparse.Namespace, weights: bool, flood: 
                                                                 max_tokens=MAX_TOKENS, stop=stop)) for t in tenants]
             await fair_load.wait_running(client, min(args.seqs, concurrency * len(tenants)), timeout_s=120)
             await asyncio.sleep(2.0)  # past the ramp: every place taken, queues formed
+            before = await fair_load.completion_tokens(client)
             start = time.monotonic()
             if with_b:
                 await light(client, tally, args, model)
@@ -97,6 +98,9 @@ async def measure_way(url: str, args: argparse.Namespace, weights: bool, flood: 
             if remaining > 0:
                 await asyncio.sleep(remaining)
             tally.window = (start, time.monotonic())
+            after = await fair_load.completion_tokens(client)
+            tally.server_tokens_per_s = {t: (after[t] - before.get(t, 0.0)) / (tally.window[1] - tally.window[0])
+                                         for t in after}
             for task in floods:  # abandoned streams: the gateway aborts them
                 task.cancel()
             await asyncio.gather(*floods, return_exceptions=True)
@@ -117,8 +121,12 @@ async def measure_way(url: str, args: argparse.Namespace, weights: bool, flood: 
         if weights:
             tally = await flooded(["w3", "w1"], flood // 2, with_b=False)
             w3, w1 = tally.finished_per_s("w3") * MAX_TOKENS, tally.finished_per_s("w1") * MAX_TOKENS
+            s3, s1 = (tally.server_tokens_per_s.get(t, 0.0) for t in ("w3", "w1"))
             out["weights"] = {"w3_tokens_per_s": round(w3, 2), "w1_tokens_per_s": round(w1, 2),
-                              "split": round(w3 / w1, 3) if w1 else None}
+                              "split": round(w3 / w1, 3) if w1 else None,
+                              # the same window counted by the gateway (gateway_tenant_tokens)
+                              "server_w3_tokens_per_s": round(s3, 2), "server_w1_tokens_per_s": round(s1, 2),
+                              "server_split": round(s3 / s1, 3) if s1 else None}
     return out
 
 
@@ -141,6 +149,7 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         }
         if way == "fair":
             result[way]["weights_split"] = med([r["weights"]["split"] for r in runs if "weights" in r])
+            result[way]["weights_server_split"] = med([r["weights"].get("server_split") for r in runs if "weights" in r])
     pairs = zip([r for r in rounds if r["way"] == "fair"], [r for r in rounds if r["way"] == "fifo"])
     result["a_throughput_fair_over_fifo"] = med([f["a_alone"]["tokens_per_s"] / o["a_alone"]["tokens_per_s"]
                                                  for f, o in pairs if o["a_alone"]["tokens_per_s"]])
@@ -233,7 +242,7 @@ def main() -> int:
                         print(f"round {rnd} flood {flood} {way}: B ttft p50 alone {num(result['b_alone']['ttft_p50_s'])} s, "
                               f"flooded {num(result['a_with_b']['b']['ttft_p50_s'])} s; A {result['a_alone']['tokens_per_s']:.1f} "
                               f"tok/s alone, request {num(result['a_alone']['service_p50_s'])} s in the engine"
-                              + (f"; weights 3:1 -> {result['weights']['split']}" if "weights" in result else ""), flush=True)
+                              + (f"; weights 3:1 -> {result['weights']['split']} (gateway's count {result['weights']['server_split']})" if "weights" in result else ""), flush=True)
         finally:
             for server in running.values():
                 server.stop(grace_s=60)

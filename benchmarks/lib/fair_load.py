@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import queue
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class Tally:
 
     requests: list[Streamed] = field(default_factory=list)
     window: tuple[float, float] | None = None
+    server_tokens_per_s: dict[str, float] = field(default_factory=dict)
+    """Each tenant's generated tokens per second over the window, as the gateway counted them."""
 
     def of(self, tenant: str) -> list[Streamed]:
         return [r for r in self.requests if r.tenant == tenant]
@@ -175,6 +178,23 @@ async def wait_running(client: httpx.AsyncClient, count: int, timeout_s: float =
                 return
         await asyncio.sleep(0.1)
     raise TimeoutError(f"the engine never ran {count} requests")
+
+
+_TENANT_TOKENS = re.compile(r'^gateway_tenant_tokens_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+async def completion_tokens(client: httpx.AsyncClient) -> dict[str, float]:
+    """Each tenant's generated tokens so far, as the gateway counts them (`gateway_tenant_tokens`,
+    kind completion, added when a request ends): the server's view of a split, free of the
+    client's own limits."""
+    tokens: dict[str, float] = {}
+    for line in (await client.get("/metrics")).text.splitlines():
+        match = _TENANT_TOKENS.match(line)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+            if labels.get("kind") == "completion":
+                tokens[labels["tenant"]] = float(match["value"])
+    return tokens
 
 
 def summary(requests: list[Streamed]) -> dict[str, Any]:
