@@ -181,14 +181,18 @@ def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple
     for way in WAYS:
         port = servers.free_port()
         config = args.config or servers.CPU_CONFIG
+        extra = {"engine": {"extra_engine_args": json.loads(args.engine_args)}} if args.engine_args else {}
         if args.device == "gpu":
             # the synthetic Gemma directory, dummy weights, a private state dir, and the memory
             # split between the two engines; the profile's own flags otherwise
             over = servers.deep_merge(servers.device_overrides("gpu", workdir / way, synth),
                                       {"engine": {"gpu_memory_utilization": args.gpu_memory_utilization}})
-            settings = servers.effective_settings(config, over)
+            settings = servers.effective_settings(config, servers.deep_merge(over, extra))
             config = servers.write_settings(settings, workdir / f"{way}.yaml")
             model = settings.engine.served_model_name
+        elif extra:
+            over = servers.deep_merge(servers.device_overrides("cpu", workdir / way, None), extra)
+            config = servers.write_settings(servers.effective_settings(config, over), workdir / f"{way}.yaml")
         cmd = [sys.executable, "-m", "server", "serve", "--config", str(config), "--port", str(port),
                "--keys-file", str(keys)]
         if args.device == "cpu":
@@ -217,6 +221,8 @@ def main() -> int:
     ap.add_argument("--light-concurrency", type=int, default=1, help="tenant B's loops of one request at a time")
     ap.add_argument("--window", type=float, default=20.0, help="seconds each flood is measured")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="start no round after this (0: none)")
+    ap.add_argument("--engine-args", default="",
+                    help='engine.extra_engine_args for both gateways, as JSON (e.g. \'{"stream_interval": 4}\')')
     ap.add_argument("--out", type=Path, help="results file (JSON)")
     args = ap.parse_args()
     levels = [int(x) for x in str(args.flood).split(",")]
@@ -271,6 +277,7 @@ def write(args: argparse.Namespace, rounds: list[dict[str, Any]], levels: list[i
                      "throughput": "requests of a tenant that ended within the window x flood_max_tokens, per second",
                      "light_requests": args.light, "light_concurrency": args.light_concurrency,
                      "light_max_tokens": 8, "window_s": args.window,
+                     "extra_engine_args": json.loads(args.engine_args) if args.engine_args else {},
                      "shares": SHARES, "rounds": args.rounds, "stream": True, "ignore_eos": True,
                      "interleaving": "both gateways up for the whole run; the ways measured in turn, the "
                                      "order rotating each round"},
