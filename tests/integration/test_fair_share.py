@@ -46,12 +46,14 @@ def scrape(server: ServerProcess) -> dict:
 def test_a_light_tenant_waits_for_one_place_not_for_the_flood(fair_gateway: ServerProcess) -> None:
     before = scrape(fair_gateway)
     during: dict = {}
+    counted: list[dict[str, float]] = []  # each tenant's generated tokens, as the gateway counts them
 
     async def main() -> tuple[fair_load.Tally, fair_load.Tally]:
         alone, tally = fair_load.Tally(), fair_load.Tally()
         stop = asyncio.Event()
         async with httpx.AsyncClient(base_url=fair_gateway.base_url, timeout=300,
                                      limits=httpx.Limits(max_connections=FLOOD + 8)) as client:
+            counted.append(await fair_load.completion_tokens(client))
             await fair_load.one_at_a_time(client, alone, "light", "sk-light", MODEL, requests=3, max_tokens=4,
                                           pause_s=(0.1, 0.3))
             heavy = asyncio.ensure_future(fair_load.flood(client, tally, "heavy", "sk-heavy", MODEL,
@@ -62,6 +64,7 @@ def test_a_light_tenant_waits_for_one_place_not_for_the_flood(fair_gateway: Serv
             await fair_load.one_at_a_time(client, tally, "light", "sk-light", MODEL, requests=4, max_tokens=4)
             heavy.cancel()  # the flood's streams are abandoned: the gateway aborts them
             await asyncio.gather(heavy, return_exceptions=True)
+            counted.append(await fair_load.completion_tokens(client))
         return alone, tally
 
     alone, tally = asyncio.run(main())
@@ -69,6 +72,8 @@ def test_a_light_tenant_waits_for_one_place_not_for_the_flood(fair_gateway: Serv
     assert heavy and all(r.status == 200 and r.tokens == 48 for r in heavy), [(r.status, r.tokens) for r in heavy]
     assert all(r.status == 200 and r.tokens == 4 for r in light)
     assert all(r.status == 200 for r in alone.of("light"))
+    # the benchmark's server-side view of a split: the light tenant's 7 answers of 4 tokens each
+    assert counted[1]["light"] - counted[0].get("light", 0.0) == 7 * 4, counted
     # One heavy request's time in the engine (its first token to its last), as the machine ran it.
     service = statistics.median(r.e2e_s - r.ttft_s for r in heavy if r.e2e_s and r.ttft_s)
     waited = statistics.median(r.ttft_s for r in light if r.ttft_s is not None)
