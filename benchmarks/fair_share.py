@@ -286,8 +286,8 @@ def write(args: argparse.Namespace, rounds: list[dict[str, Any]], levels: list[i
                      "extra_engine_args": json.loads(args.engine_args) if args.engine_args else {},
                      "shares": SHARES, "rounds": args.rounds, "stream": True, "ignore_eos": True,
                      "ways": list(args.ways),
-                     "interleaving": "both gateways up for the whole run; the ways measured in turn, the "
-                                     "order rotating each round"},
+                     "interleaving": ("both gateways up for the whole run; the ways measured in turn, the "
+                                      "order rotating each round" if len(args.ways) > 1 else "one gateway")},
            "summary": summary, "rounds": rounds}
     if out:
         out.write_text(json.dumps(doc, indent=2) + "\n")
