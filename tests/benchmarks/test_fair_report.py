@@ -1,10 +1,10 @@
-"""benchmarks/fair_share.py: the summary of its rounds, with both ways or the fair queue alone."""
+"""benchmarks/lib/fair_report.py: the summary of benchmarks.fair_share's rounds, with both ways or the fair queue alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.fair_share import summarize
+from benchmarks.lib.fair_report import summarize
 
 
 def round_of(way: str, *, b_alone: float, b_flooded: float, a_tps: float, service: float,
