@@ -142,7 +142,7 @@ def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple
     for way in args.ways:
         port = servers.free_port()
         config = args.config or servers.CPU_CONFIG
-        extra = {"engine": {"extra_engine_args": json.loads(args.engine_args)}} if args.engine_args else {}
+        extra = {"engine": {"extra_engine_args": args.engine_args}} if args.engine_args else {}
         if args.device == "gpu":
             # the synthetic Gemma directory, dummy weights, a private state dir, and the memory
             # split between the two engines; the profile's own flags otherwise
@@ -184,8 +184,8 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=0.0, help="start no round after this (0: none)")
     ap.add_argument("--ways", type=lambda v: tuple(v.split(",")), default=WAYS,
                     help="the gateways to run and measure: fair,fifo (default) or one of them")
-    ap.add_argument("--engine-args", default="",
-                    help='engine.extra_engine_args for both gateways, as JSON (e.g. \'{"stream_interval": 4}\')')
+    ap.add_argument("--engine-args", type=json.loads, default={},
+                    help='engine.extra_engine_args for every gateway, as JSON (e.g. \'{"stream_interval": 4}\')')
     ap.add_argument("--out", type=Path, help="results file (JSON)")
     args = ap.parse_args()
     if not args.ways or set(args.ways) - set(WAYS):
@@ -242,7 +242,7 @@ def write(args: argparse.Namespace, rounds: list[dict[str, Any]], levels: list[i
                      "throughput": "requests of a tenant that ended within the window x flood_max_tokens, per second",
                      "light_requests": args.light, "light_concurrency": args.light_concurrency,
                      "light_max_tokens": 8, "window_s": args.window,
-                     "extra_engine_args": json.loads(args.engine_args) if args.engine_args else {},
+                     "extra_engine_args": args.engine_args,
                      "shares": SHARES, "rounds": args.rounds, "stream": True, "ignore_eos": True,
                      "ways": list(args.ways),
                      "interleaving": ("both gateways up for the whole run; the ways measured in turn, the "

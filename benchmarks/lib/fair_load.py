@@ -9,13 +9,13 @@ import json
 import multiprocessing
 import queue
 import random
-import re
 import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -180,21 +180,14 @@ async def wait_running(client: httpx.AsyncClient, count: int, timeout_s: float =
     raise TimeoutError(f"the engine never ran {count} requests")
 
 
-_TENANT_TOKENS = re.compile(r'^gateway_tenant_tokens_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
-
-
 async def completion_tokens(client: httpx.AsyncClient) -> dict[str, float]:
     """Each tenant's generated tokens so far, as the gateway counts them (`gateway_tenant_tokens`,
     kind completion, added when a request ends): the server's view of a split, free of the
     client's own limits."""
-    tokens: dict[str, float] = {}
-    for line in (await client.get("/metrics")).text.splitlines():
-        match = _TENANT_TOKENS.match(line)
-        if match:
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
-            if labels.get("kind") == "completion":
-                tokens[labels["tenant"]] = float(match["value"])
-    return tokens
+    return {s.labels["tenant"]: s.value
+            for f in text_string_to_metric_families((await client.get("/metrics")).text)
+            if f.name == "gateway_tenant_tokens" for s in f.samples
+            if s.name == "gateway_tenant_tokens_total" and s.labels.get("kind") == "completion"}
 
 
 def summary(requests: list[Streamed]) -> dict[str, Any]:
