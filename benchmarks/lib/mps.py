@@ -2,7 +2,7 @@
 workdir, so that several engine processes on one GPU run their kernels at once instead of taking
 turns (without MPS the GPU time-slices between processes: docs/performance/replicas.md). Every
 process started with `env()` in its environment is an MPS client; the GPU's compute mode is left
-as it is. Stdlib only.
+as it is. The daemon is the gateway's own (server/replicas/mps.py: `server.cuda_mps`).
 
     daemon = MpsDaemon(workdir / "mps"); os.environ.update(daemon.start()); ...; daemon.stop()
 
@@ -14,60 +14,13 @@ that depends on it.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-CONTROL = "nvidia-cuda-mps-control"
-
-
-class MpsError(RuntimeError):
-    pass
-
-
-class MpsDaemon:
-    def __init__(self, directory: Path, binary: str | None = None) -> None:
-        self.pipe_dir = directory / "pipe"
-        self.log_dir = directory / "log"
-        self.binary = binary or shutil.which(CONTROL) or (
-            "/usr/local/nvidia/bin/" + CONTROL if Path("/usr/local/nvidia/bin/" + CONTROL).exists() else None)
-        self.started = False
-
-    def env(self) -> dict[str, str]:
-        """What a process needs in its environment to be a client of this daemon."""
-        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
-
-    def _control(self, *args: str, stdin: str | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess:
-        assert self.binary is not None
-        return subprocess.run([self.binary, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **self.env()})
-
-    def start(self, timeout_s: float = 10.0) -> dict[str, str]:
-        """Starts the daemon (it forks into the background) and returns env(); raises MpsError
-        without the binary or when its control pipe does not appear."""
-        if self.binary is None:
-            raise MpsError(f"{CONTROL} is not installed (it comes with the NVIDIA driver)")
-        self.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        done = self._control("-d")
-        if done.returncode != 0:
-            raise MpsError(f"{CONTROL} -d exited {done.returncode}: {(done.stderr or done.stdout)[-500:]}")
-        end = time.monotonic() + timeout_s
-        while not (self.pipe_dir / "control").exists():
-            if time.monotonic() > end:
-                raise MpsError(f"no MPS control pipe in {self.pipe_dir} after {timeout_s:.0f} s")
-            time.sleep(0.1)
-        self.started = True
-        return self.env()
-
-    def stop(self) -> None:
-        """Asks the daemon to quit (its server ends once no client is left)."""
-        if self.started:
-            self._control(stdin="quit\n")
-            self.started = False
+from server.replicas.mps import CONTROL, MpsDaemon, MpsError  # noqa: F401  (the drivers use all three)
 
 
 # a matrix product on the GPU, as an MPS client; nvidia-smi then lists the MPS server

@@ -16,6 +16,8 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 - `/metrics` on the front door is every replica's, labelled `replica` (metrics_view.py).
 - With a keys file, the tenants' limits and budgets hold across the replicas: they share
   `auth.redis_url`, or a private redis-server the supervisor runs (shared_limits.py).
+- With `server.cuda_mps` on a GPU, the replicas are clients of one CUDA MPS daemon the supervisor
+  runs (mps.py), started before them and asked to quit after them.
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
 - SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs), in a
   thread, so that /ready, restarts and the watchdog go on while engines swap (minutes on a GPU).
@@ -45,6 +47,7 @@ import psutil
 from server.lifecycle.rolling_reload import RollError, ready, roll
 from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.replicas.metrics_view import MetricsView
+from server.replicas.mps import PROCESS_PREFIX, MpsDaemon, MpsError
 from server.replicas.shared_limits import PrivateRedis
 from server.runner.notify import Notifier
 from server.runner.processes import become_subreaper, end_processes
@@ -145,6 +148,13 @@ class Supervisor:
         if settings.auth.keys_file is not None and not settings.auth.redis_url:
             self.redis = PrivateRedis(self.prefix / "redis")
             env["LLM_GATEWAY_AUTH__REDIS_URL"] = self.redis.url
+        self.mps: MpsDaemon | None = None
+        if settings.server.cuda_mps and replicas > 1:
+            if settings.engine.resolved_device() == "gpu":
+                self.mps = MpsDaemon(self.prefix / "mps")
+                env.update(self.mps.env())
+            else:
+                logger.warning("server.cuda_mps is for replicas on a GPU: ignored on CPU")
         base = settings.server.port
         self.replicas = [
             Replica(i, base + 1 + i, child_argv(serve_argv, base + 1 + i), env, self.prefix / f"replica-{i}.log")
@@ -255,7 +265,7 @@ class Supervisor:
         if self.redis is not None and self.redis.proc is not None:
             known.add(self.redis.proc.pid)
         try:
-            orphans = [c for c in psutil.Process().children() if c.pid not in known]
+            orphans = strays(psutil.Process().children(), known, mps=self.mps is not None)
         except psutil.Error:
             return
         if orphans:
@@ -331,6 +341,8 @@ class Supervisor:
                 self.nginx.wait()
         if self.redis is not None:
             self.redis.stop()  # after the replicas: draining requests still settle their limits
+        if self.mps is not None:
+            self.mps.stop()  # after the replicas, its clients
         self.metrics.stop()
         self._end_orphans()
 
@@ -344,6 +356,18 @@ class Supervisor:
             logger.error("%s", exc)
             return False
         logger.info("tenant limits shared by the replicas through a private redis-server (%s)", self.redis.url)
+        return True
+
+    def _start_mps(self) -> bool:
+        """Start the CUDA MPS daemon, if the replicas use one; False (logged) when it fails."""
+        if self.mps is None:
+            return True
+        try:
+            self.mps.start()
+        except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
+            logger.error("server.cuda_mps: the CUDA MPS daemon did not start: %s", exc)
+            return False
+        logger.info("replicas share the GPU through CUDA MPS (daemon's pipe and logs under %s)", self.mps.pipe_dir.parent)
         return True
 
     def _restart_redis(self) -> None:
@@ -366,7 +390,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
         try:
-            if not self._start_redis():
+            if not self._start_redis() or not self._start_mps():
                 return 2
             self.metrics.start()
             for replica in self.replicas:
@@ -402,6 +426,23 @@ class Supervisor:
             return 0
         finally:
             self._stop_all()
+
+
+def strays(children: list[psutil.Process], known: set[int], *, mps: bool) -> list[psutil.Process]:
+    """The supervisor's children it did not start itself: what dead replicas left. With CUDA MPS
+    the daemon, which forks itself into the background, is one of them and stays."""
+    out = []
+    for child in children:
+        if child.pid in known:
+            continue
+        if mps:
+            try:
+                if child.name().startswith(PROCESS_PREFIX):
+                    continue
+            except psutil.Error:
+                continue  # gone meanwhile
+        out.append(child)
+    return out
 
 
 def run_replicas(settings: Settings, serve_argv: list[str], replicas: int, *, client_limits: bool = True) -> int:

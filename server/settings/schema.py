@@ -70,6 +70,15 @@ class ServerSettings(BaseModel):
     (what an engine holds past vLLM's own accounting). 1: one process, no nginx. `serve --replicas N`
     overrides it."""
 
+    cuda_mps: bool = False
+    """With `replicas` > 1 on a GPU, run the replicas as clients of one CUDA MPS control daemon,
+    which the supervisor starts (its pipe and log folders under the state dir) and stops, so that
+    their kernels share the GPU at once instead of taking turns (server/replicas/mps.py; measured in
+    docs/performance/replicas.md). Needs `nvidia-cuda-mps-control`, which comes with the NVIDIA
+    driver. A GPU fault in one replica then ends the others' work too (they are started again).
+    Ignored with one replica and on CPU; the systemd instances of `deploy/install.sh
+    --replicas-per-gpu` do not use it."""
+
     warmup: bool | None = None
     """Before an engine takes traffic (at start and after a drain-swap or blue-green reload), run a
     few requests of the shapes traffic brings through it (a long prompt, then a batch of short ones;

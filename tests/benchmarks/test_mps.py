@@ -1,54 +1,15 @@
-"""benchmarks/lib/mps.py against a stand-in for nvidia-cuda-mps-control (the real one needs an
-NVIDIA driver): the daemon gets its pipe and log folders under the run's folder, the clients' env
-names them, `quit` goes to its control pipe, and a missing binary or pipe is a clear error."""
+"""benchmarks/lib/mps.py's probe against a stand-in for nvidia-cuda-mps-control (the real one needs
+an NVIDIA driver): a client runs under the daemon, which is stopped after it; a failing client or
+daemon is a failed probe. The daemon itself: tests/unit/test_replicas_mps.py."""
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 
 import pytest
 
-from benchmarks.lib.mps import MpsDaemon, MpsError, probe
-
-FAKE = """#!/bin/sh
-# -d: start (the real daemon forks and makes its control pipe); no argument: a command on stdin
-if [ "$1" = "-d" ]; then echo started > "$CUDA_MPS_LOG_DIRECTORY/control.log"; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
-cat >> "$CUDA_MPS_LOG_DIRECTORY/commands"
-"""
-
-
-def fake_control(tmp_path: Path, body: str = FAKE) -> str:
-    path = tmp_path / "nvidia-cuda-mps-control"
-    path.write_text(body)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-    return str(path)
-
-
-def test_start_env_and_quit(tmp_path: Path) -> None:
-    daemon = MpsDaemon(tmp_path / "mps", binary=fake_control(tmp_path))
-    env = daemon.start()
-    assert env == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
-                   "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log")}
-    assert (tmp_path / "mps" / "log" / "control.log").read_text() == "started\n"
-    daemon.stop()
-    daemon.stop()  # once only
-    assert (tmp_path / "mps" / "log" / "commands").read_text() == "quit\n"
-
-
-def test_errors_say_what_is_missing(tmp_path: Path) -> None:
-    missing = MpsDaemon(tmp_path / "a")
-    missing.binary = None
-    with pytest.raises(MpsError, match="nvidia-cuda-mps-control is not installed"):
-        missing.start()
-    failing = MpsDaemon(tmp_path / "b", binary=fake_control(tmp_path, "#!/bin/sh\necho 'no GPU' >&2\nexit 1\n"))
-    with pytest.raises(MpsError, match="exited 1: no GPU"):
-        failing.start()
-    silent_dir = tmp_path / "c"
-    silent_dir.mkdir()
-    silent = MpsDaemon(tmp_path / "c" / "mps", binary=fake_control(silent_dir, "#!/bin/sh\nexit 0\n"))
-    with pytest.raises(MpsError, match="no MPS control pipe"):
-        silent.start(timeout_s=0.3)
+from benchmarks.lib.mps import probe
+from tests.unit.test_replicas_mps import fake_control
 
 
 def test_probe_runs_a_client_under_the_daemon_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,10 +4,12 @@ engines of Gemma 4 E2B's shapes on one GPU behind nginx on one port, as `make se
 Each engine gets half of the profile's memory share; requests through the one port reach both; the
 front's /ready and /metrics count both; the first requests after the warm-up cost about what the
 later ones do; a rolling reload (SIGHUP, as `systemctl reload`) under 256 concurrent clients swaps
-one engine at a time and fails no request; SIGTERM drains both and leaves no process. On the device
-machine (nginx carried as .devtools/nginx, benchmarks/device/gpu-tests.sh puts it on PATH):
+one engine at a time and fails no request; SIGTERM drains both and leaves no process. The
+`replicas-mps` run does the same with `server.cuda_mps` on: the supervisor's CUDA MPS daemon serves
+both engines (nvidia-smi lists its server) and quits after them. On the device machine (nginx
+carried as .devtools/nginx, benchmarks/device/gpu-tests.sh puts it on PATH):
 
-    PROFILES=replicas bash benchmarks/device/gpu-tests.sh
+    PROFILES=replicas bash benchmarks/device/gpu-tests.sh          # or PROFILES=replicas-mps
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Front:
     port: int
     log_path: Path
     profile: Path
+    mps: bool
 
     @property
     def base_url(self) -> str:
@@ -63,7 +66,7 @@ class Front:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module", params=["replicas"])
+@pytest.fixture(scope="module", params=["replicas", "replicas-mps"])
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     if nginx_binary() is None:
         pytest.fail("no nginx: carry .devtools/nginx (benchmarks/device/carry-nginx.sh)")
@@ -73,12 +76,14 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     profile = servers.write_settings(settings, tmp / "profile.yaml")  # edited before the SIGHUP below
     port = front_port()
     log_path = tmp / "supervisor.log"
+    mps = request.param == "replicas-mps"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"LLM_GATEWAY_SERVER__CUDA_MPS": "true"} if mps else {})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port),
                                  "--no-client-limits"],
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT, stdout=log,
+                                env=env, cwd=ROOT, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    f = Front(proc, port, log_path, profile)
+    f = Front(proc, port, log_path, profile, mps)
     try:
         assert wait_for(lambda: "through nginx" in f.log() or proc.poll() is not None, START_TIMEOUT_S), f.log()[-3000:]
         assert proc.poll() is None, f.log()[-3000:]
@@ -148,6 +153,19 @@ def test_two_engines_share_the_gpu_behind_one_port(front: Front) -> None:
     used, total = (float(x) for x in smi.stdout.splitlines()[0].split(","))
     print(f"GPU memory with both engines: {used:.0f} of {total:.0f} MiB")
     assert used <= total * (wanted["gpu_memory_utilization"] + 0.03)
+
+
+def test_the_engines_are_mps_clients_only_when_asked(front: Front) -> None:
+    """With `server.cuda_mps` the supervisor's daemon runs both engines' kernels (nvidia-smi lists
+    the MPS server it started for them); without it there is no daemon of ours."""
+    smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
+    said = "replicas share the GPU through CUDA MPS" in front.log()
+    daemons = [p for p in psutil.Process(front.proc.pid).children() if p.name().startswith("nvidia-cuda-mps")]
+    print(f"mps: {front.mps}; MPS server in nvidia-smi: {'nvidia-cuda-mps-server' in smi}; daemons: {daemons}")
+    assert said == front.mps, front.log()[-3000:]
+    assert bool(daemons) == front.mps, daemons
+    if front.mps:
+        assert "nvidia-cuda-mps-server" in smi, smi
 
 
 def test_rolling_reload_under_256_clients_fails_nothing(front: Front) -> None:
