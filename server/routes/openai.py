@@ -87,31 +87,35 @@ class EventStreamResponse(StreamingResponse):
 
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`, cancelling it (and so aborting its engine requests) if the client leaves."""
-    task = asyncio.ensure_future(work)
+    """Run `work`, cancelling it (and so aborting its engine requests) if the client leaves.
 
-    async def wait_disconnect() -> None:
+    `work` runs in this task, not a new one: a new task and the wait for it cost every request two
+    turns of the event loop before it reaches the engine, and a turn of a busy loop is a whole
+    iteration of it (tests/unit/test_loop_turns.py). A watcher task cancels this one when the
+    client leaves; that cancellation, and only it, becomes ClientDisconnected."""
+    current = asyncio.current_task()
+    assert current is not None
+    left = False
+
+    async def watch() -> None:
+        nonlocal left
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
+                left = True
+                current.cancel()
                 return
 
-    watcher = asyncio.ensure_future(wait_disconnect())
+    watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        task.cancel()
-        watcher.cancel()
+        # ours when the watcher asked for it; a cancellation from outside (shutdown) stays one
+        if left and current.uncancel() == 0:
+            raise ClientDisconnected() from None
         raise
-    if task in done:
+    finally:
         watcher.cancel()
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except BaseException:
-        pass
-    raise ClientDisconnected()
 
 
 def _observe_tokens(

@@ -93,3 +93,43 @@ def test_a_light_tenant_waits_for_one_place_not_for_the_flood(fair_gateway: Serv
     assert get(during, "gateway_tenant_queued_requests", tenant="heavy") >= FLOOD // 2, during
     waiting = [v for (name, _), v in during.items() if name == "vllm:num_requests_waiting"]
     assert waiting and max(waiting) == 0, waiting
+
+
+def test_a_client_that_leaves_while_queued_gives_its_place_up(fair_gateway: ServerProcess) -> None:
+    """Through real uvicorn: a plain request waiting for a place (both held by long streams) whose
+    client gives up is cancelled where it waits (routes/openai.cancel_on_disconnect): counted as a
+    disconnect, out of the queue at once, and never run; the next request is served."""
+    before = scrape(fair_gateway)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        tally = fair_load.Tally()
+        async with httpx.AsyncClient(base_url=fair_gateway.base_url, timeout=300,
+                                     limits=httpx.Limits(max_connections=SEQS + 4)) as client:
+            # every place held for minutes (2,000 tokens each), so the light request cannot get one
+            holders = asyncio.ensure_future(fair_load.flood(client, tally, "heavy", "sk-heavy", MODEL,
+                                                            concurrency=SEQS, max_tokens=2000, stop=stop))
+            await fair_load.wait_running(client, SEQS)
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4},
+                                  headers={"Authorization": "Bearer sk-light"}, timeout=1.0)
+            for _ in range(100):  # the gateway sees the closed connection, then counts it
+                now = await asyncio.to_thread(scrape, fair_gateway)
+                if get(now, "gateway_client_disconnects_total", route="/v1/completions") > get(
+                        before, "gateway_client_disconnects_total", route="/v1/completions"):
+                    break
+                await asyncio.sleep(0.1)
+            assert get(now, "gateway_tenant_queued_requests", tenant="light") == 0, now
+            assert get(now, "gateway_client_disconnects_total", route="/v1/completions") == get(
+                before, "gateway_client_disconnects_total", route="/v1/completions") + 1
+            holders.cancel()  # the long streams are abandoned: the gateway aborts them
+            await asyncio.gather(holders, return_exceptions=True)
+            r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4},
+                                  headers={"Authorization": "Bearer sk-light"})
+            assert r.status_code == 200, r.text
+
+    asyncio.run(main())
+    after = scrape(fair_gateway)
+    # the one that left never reached the engine: only the served request's tokens are the tenant's
+    assert get(after, "gateway_tenant_tokens_total", tenant="light", kind="completion") - get(
+        before, "gateway_tenant_tokens_total", tenant="light", kind="completion") == 4
