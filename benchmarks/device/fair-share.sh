@@ -10,17 +10,20 @@
 #       the machine samples)
 # Knobs: SEQS (256: the engine's max_num_seqs), FLOOD (256,1024: tenant A's streams, at and past it),
 # LIGHT_C (4: tenant B's streams), ROUNDS (3), WINDOW (10 s), WORKERS (4 client processes per flood),
-# RUN_S (the run's own deadline for starting a round, 900).
+# RUN_S (the run's own deadline for starting a round, 900), WAYS (fair,fifo), ENGINE_ARGS (JSON for
+# engine.extra_engine_args of both gateways, e.g. '{"stream_interval": 4}').
 set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh
 name=fair-share
 DETACH_DIR=/tmp/$name
 if [ "${1:-}" = start ]; then
+  engine_args=${ENGINE_ARGS:-"{}"}
   detach_start "$name" python3 -m benchmarks.fair_share --device gpu --config "$PWD/configs/gemma4-e2b-h200-decode.yaml" \
     --seqs "${SEQS:-256}" --flood "${FLOOD:-256,1024}" --flood-workers "${WORKERS:-4}" \
     --light-concurrency "${LIGHT_C:-4}" --light 6 --window "${WINDOW:-10}" --rounds "${ROUNDS:-3}" \
-    --deadline-s "${RUN_S:-900}" --out "$DETACH_DIR/fair-share.json"
+    --deadline-s "${RUN_S:-900}" --ways "${WAYS:-fair,fifo}" --engine-args "$engine_args" \
+    --out "$DETACH_DIR/fair-share.json"
 fi
 detach_wait "$name"
 cp "$DETACH_DIR/fair-share.json" "$DETACH_DIR/run.log" "$OUT/" 2>/dev/null
