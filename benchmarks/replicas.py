@@ -37,13 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib import engine_side, host_cpu, mps, servers
+from benchmarks.lib import engine_side, host_cpu, servers
 from benchmarks.lib.clients import CLIENTS, from_vllm_bench, vllm_bench_cmd
 from benchmarks.lib.driver import add_run_args, add_workload_args, start_run
 from benchmarks.lib.gpu import GpuSampler
 from benchmarks.lib.replicas_report import balance, engine_memory, engine_warmup, goal_check, summarize, table
 from benchmarks.lib.ways import (client_workers, launch_http_server, loadtest_cmd, requests_for, seed_for,
                                  summary_fields)
+from server.replicas.mps import MpsDaemon
 
 def start_front(name: str, upstreams: list[int], workdir: Path) -> servers.Server:
     """nginx serving the shipped site over some gateway ports (server/replicas/front.py, per-client
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--replicas", default="1,2,3,4", help="the N of each front door (gateways behind nginx)")
     ap.add_argument("--no-vllm", action="store_true", help="no `vllm serve` anchor")
     ap.add_argument("--mps", action="store_true", help="run every engine as a client of a CUDA MPS daemon "
-                    "(benchmarks/lib/mps.py), so that their kernels share the GPU at once instead of by turns")
+                    "(server/replicas/mps.py), so that their kernels share the GPU at once instead of by turns")
     ap.add_argument("--concurrency", default="256,512")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--clients", default=",".join(CLIENTS))
@@ -186,7 +187,7 @@ def main() -> None:
     sampler = GpuSampler() if gpu else None
     cpu_sampler: host_cpu.CpuSampler | None = None
     recs: list[dict[str, Any]] = []
-    daemon = mps.MpsDaemon(workdir / "mps") if a.mps else None
+    daemon = MpsDaemon(workdir / "mps") if a.mps else None
     meta["mps"] = bool(a.mps)
     try:
         if daemon is not None:
@@ -250,7 +251,7 @@ def main() -> None:
                               f"{[v['core_pct'] for v in cpu.get('cpu_by_server', {}).values()]}% of a core, API "
                               f"{[v['api_pct'] for v in cpu.get('cpu_by_server', {}).values()]}%, machine "
                               f"{cpu.get('machine_busy_cores')} of {cpu.get('cpu_count')} cores busy", flush=True)
-    except (RuntimeError, TimeoutError) as exc:  # mps.MpsError is a RuntimeError
+    except (RuntimeError, TimeoutError) as exc:  # MpsError is a RuntimeError
         print(f"[replicas] stopped: {str(exc)[:3000]}", flush=True)
     finally:
         # an engine short of KV cache preempts (vllm:num_preemptions_total), which would favour the replicas

@@ -1,14 +1,7 @@
-"""CUDA MPS for a benchmark run: one control daemon with its pipe and log folders under the run's
-workdir, so that several engine processes on one GPU run their kernels at once instead of taking
-turns (without MPS the GPU time-slices between processes: docs/performance/replicas.md). Every
-process started with `env()` in its environment is an MPS client; the GPU's compute mode is left
-as it is. The daemon is the gateway's own (server/replicas/mps.py: `server.cuda_mps`).
-
-    daemon = MpsDaemon(workdir / "mps"); os.environ.update(daemon.start()); ...; daemon.stop()
-
-`python3 -m benchmarks.lib.mps [folder]` checks on the device machine, in seconds, that a daemon starts
-there and that a CUDA process can work as its client (a container may forbid MPS), before a run
-that depends on it.
+"""Checks on the device machine, in seconds, that a CUDA MPS daemon starts there and that a CUDA
+process can work as its client (a container may forbid MPS), before a run that depends on it:
+`python3 -m benchmarks.lib.mps [folder]`. The daemon is the gateway's own class
+(server/replicas/mps.py, `server.cuda_mps`), which benchmarks/replicas.py also uses for `--mps`.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server.replicas.mps import CONTROL, MpsDaemon, MpsError  # noqa: F401  (the drivers use all three)
+from server.replicas.mps import MpsDaemon, MpsError
 
 
 # a matrix product on the GPU, as an MPS client; nvidia-smi then lists the MPS server

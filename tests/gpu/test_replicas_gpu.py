@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.fixtures import synth_tokenizer
 from benchmarks.lib import servers
 from server.replicas.front import nginx_binary
+from server.replicas.mps import PROCESS_PREFIX
 from server.replicas.supervisor import memory_share
 from server.settings import load_settings
 from tests.conftest import ROOT, front_port, running, wait_for
@@ -160,7 +161,7 @@ def test_the_engines_are_mps_clients_only_when_asked(front: Front) -> None:
     the MPS server it started for them); without it there is no daemon of ours."""
     smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
     said = "replicas share the GPU through CUDA MPS" in front.log()
-    daemons = [p for p in psutil.Process(front.proc.pid).children() if p.name().startswith("nvidia-cuda-mps")]
+    daemons = [p for p in psutil.Process(front.proc.pid).children() if p.name().startswith(PROCESS_PREFIX)]
     print(f"mps: {front.mps}; MPS server in nvidia-smi: {'nvidia-cuda-mps-server' in smi}; daemons: {daemons}")
     assert said == front.mps, front.log()[-3000:]
     assert bool(daemons) == front.mps, daemons
