@@ -5,7 +5,9 @@ served, side by side in one run on the real gateway (vLLM CPU engine, embedded m
 
 Two gateways, one per way, both up for the whole run, measured in turn (the order rotates each
 round): `fair` (auth.fair_share on, the default with a keys file) and `fifo` (off: every request
-goes to vLLM's queue at once). Each round, in each way:
+goes to vLLM's queue at once). `--ways` may add `vllm`: `vllm serve` on the same engine flags, the
+anchor that tells the engine's own wait from the gateway's (no tenants there: A and B are just two
+clients, and it has no weighted split). Each round, in each way:
 
 1. `b_alone`: tenant B sends short streams (8 tokens) one at a time; its TTFT.
 2. `a_alone`: tenant A floods with `--flood` concurrent long streams (64 tokens); its output
@@ -39,7 +41,7 @@ from typing import Any
 import httpx
 
 from benchmarks.fixtures import synth_tokenizer
-from benchmarks.lib import fair_load, servers
+from benchmarks.lib import fair_load, servers, ways
 from benchmarks.lib.fair_report import WAYS, summarize
 from benchmarks.lib.servers import ROOT
 
@@ -135,7 +137,7 @@ def num(v: float | None) -> str:
 
 
 def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple[dict[str, servers.Server], str]:
-    """One gateway per way, both up for the whole run; the model name they serve."""
+    """One server per way, all up for the whole run; the model name they serve."""
     running: dict[str, servers.Server] = {}
     model = MODEL
     synth = synth_tokenizer.build(servers.gpu_model_dir(workdir / "gemma-4-e2b-synth")) if args.device == "gpu" else None
@@ -143,6 +145,16 @@ def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple
         port = servers.free_port()
         config = args.config or servers.CPU_CONFIG
         extra = {"engine": {"extra_engine_args": args.engine_args}} if args.engine_args else {}
+        if way == "vllm":  # the anchor: `vllm serve` with the gateways' engine flags
+            over = servers.deep_merge(servers.device_overrides(args.device, workdir / way, synth),
+                                      {"engine": {"max_num_seqs": args.seqs}})
+            if args.device == "gpu":
+                over = servers.deep_merge(over, {"engine": {"gpu_memory_utilization": args.gpu_memory_utilization}})
+            settings = servers.effective_settings(config, servers.deep_merge(over, extra))
+            running[way] = ways.launch_http_server("vllm", settings, workdir / f"{way}.yaml", workdir, way)
+            running[way].wait_ready("/health", 900)
+            model = settings.engine.served_model_name or model
+            continue
         if args.device == "gpu":
             # the synthetic Gemma directory, dummy weights, a private state dir, and the memory
             # split between the two engines; the profile's own flags otherwise
@@ -164,8 +176,8 @@ def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple
         running[way] = servers.start_server(way, cmd, workdir / f"{way}.log", port, servers.clean_env(env))
         if args.device == "gpu":  # one engine start at a time: the second finds the compile cache warm
             running[way].wait_ready("/ready", 900)
-    for server in running.values():
-        server.wait_ready("/ready", 900)
+    for way, server in running.items():
+        server.wait_ready("/health" if way == "vllm" else "/ready", 900)
     return running, model
 
 

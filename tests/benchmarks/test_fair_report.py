@@ -38,3 +38,11 @@ def test_the_fair_queue_alone_leaves_the_fifo_comparison_open() -> None:
     assert s["goals"]["a_throughput_at_least_0.9x_fifo"] is None
     assert s["goals"]["b_ttft_flooded_over_alone"] == round(0.091 / 0.011, 3)
     assert s["goals"]["weights_split_within_10pct_of_3"] is False
+
+
+def test_the_vllm_anchor_gets_its_own_ratio() -> None:
+    s = summarize([round_of("fair", b_alone=0.010, b_flooded=0.074, a_tps=17800, service=0.8, split=(1.0, 1.0)),
+                   round_of("vllm", b_alone=0.012, b_flooded=0.060, a_tps=18000, service=0.8)])
+    assert s["vllm"]["b_ttft_p50_flooded_s"]["median"] == 0.06
+    assert s["goals"]["vllm_b_ttft_flooded_over_alone"] == 5.0
+    assert "vllm" not in summarize([round_of("fair", b_alone=0.01, b_flooded=0.02, a_tps=1, service=1)])
