@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -29,11 +30,15 @@ GENEROUS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "max_conc
 
 
 def keys_file(workdir: Path) -> Path:
-    """WORKDIR/keys.yaml: the bench tenants' keys at GENEROUS limits (written once, then reused)."""
+    """WORKDIR/keys.yaml: the bench tenants' keys at GENEROUS limits (written once, then reused).
+    Written whole under another name and renamed: the tenant ways' servers start at once, and one
+    that read the file half written would serve without keys (every request tenant `unnamed`)."""
     path = workdir / "keys.yaml"
     if not path.exists():
-        path.write_text(json.dumps({"keys": [{"name": f"bench-{i}", "key": key, **GENEROUS}
+        part = path.with_name(f"keys.yaml.{os.getpid()}")
+        part.write_text(json.dumps({"keys": [{"name": f"bench-{i}", "key": key, **GENEROUS}
                                              for i, key in enumerate(TENANT_KEYS)]}))
+        os.replace(part, path)
     return path
 
 
