@@ -33,10 +33,11 @@ class KeyDirectory:
     """
 
     def __init__(self, tenants: dict[str, Tenant], by_digest: dict[bytes, Tenant],
-                 plain_key_names: list[str] | None = None) -> None:
+                 plain_key_names: list[str] | None = None, *, keys_file: bool = False) -> None:
         self.tenants = tenants
         self._by_digest = by_digest
         self.plain_key_names = plain_key_names or []
+        self._keys_file = keys_file
 
     @property
     def unnamed(self) -> Tenant:
@@ -44,8 +45,10 @@ class KeyDirectory:
 
     @property
     def open(self) -> bool:
-        """No key is configured at all: the API is open and every request is tenant `unnamed`."""
-        return not self._by_digest
+        """No key is configured at all: the API is open and every request is tenant `unnamed`.
+        A keys file closes it even while it lists no key (every request then gets a 401): a file
+        emptied by mistake, or read while being rewritten, must not open the API to anyone."""
+        return not self._by_digest and not self._keys_file
 
     def lookup(self, token: bytes) -> Tenant | None:
         return self._by_digest.get(hashlib.sha256(token).digest())
@@ -59,4 +62,5 @@ class KeyDirectory:
             tenant = tenants[entry.name] = Tenant(entry.name, entry.limits())
             for key in entry.keys:
                 by_digest[key_digest(key)] = tenant
-        return cls(tenants, by_digest, keys_file.plain_key_names() if keys_file else [])
+        return cls(tenants, by_digest, keys_file.plain_key_names() if keys_file else [],
+                   keys_file=keys_file is not None)

@@ -334,6 +334,23 @@ async def test_redis_unreachable_fails_open_per_instance(tmp_path: Path, caplog:
     assert "tenant limits are counted per instance" in caplog.text
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("empty", ["", "keys: []\n"])
+async def test_a_keys_file_without_keys_refuses_every_request(tmp_path: Path, empty: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """A configured keys file that lists no key (emptied by mistake) closes the API: 401 for any
+    key or none, never an open API that serves everyone as `unnamed`; the start log says why."""
+    with caplog.at_level(logging.WARNING, logger="llm_gateway"):
+        async with Gateway_(tmp_path, keys=empty) as gw:
+            assert not gw.tenancy.directory.open
+            for headers in ({}, bearer("sk-anything")):
+                r = await gw.client.post("/v1/completions", json={"model": "fake", "prompt": [1], "max_tokens": 1},
+                                         headers=headers)
+                assert_error(r, 401, 401)  # the gateway's 401 everywhere (server/middleware/auth.py)
+            assert get(gw.metrics(), "gateway_tenant_requests_total", tenant="unnamed", status="200") == 0
+    assert any("lists no key" in rec.getMessage() for rec in caplog.records), caplog.text
+
+
 # -- reload: the keys file again, the engine left alone -------------------------------------------
 
 
