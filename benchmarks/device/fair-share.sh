@@ -10,8 +10,9 @@
 #       the machine samples)
 # Knobs: SEQS (256: the engine's max_num_seqs), FLOOD (256,1024: tenant A's streams, at and past it),
 # LIGHT_C (4: tenant B's streams), ROUNDS (3), WINDOW (10 s), WORKERS (4 client processes per flood),
-# RUN_S (the run's own deadline for starting a round, 900), WAYS (fair,fifo; vllm adds `vllm serve`), ENGINE_ARGS (JSON for
-# engine.extra_engine_args of every server, e.g. '{"stream_interval": 4}').
+# RUN_S (the run's own deadline for starting a round, 900), WAYS (fair,fifo; vllm adds `vllm serve`
+# as the anchor), ENGINE_ARGS (JSON for engine.extra_engine_args of every server, e.g.
+# '{"stream_interval": 4}').
 set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh

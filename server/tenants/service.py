@@ -95,7 +95,7 @@ class Tenancy:
     def add_keys_reload_listener(self, listener: Callable[[str], None]) -> None:
         self._keys_reload_listeners.append(listener)
 
-    def _warn_plain_keys(self) -> None:
+    def _warn_about_keys(self) -> None:
         if self.enabled and len(self.directory.tenants) == 1 and not self._api_keys:
             logger.warning("keys file %s lists no key: every API request is refused (401) until keys "
                            "are added (`llm-gateway keys add`) and reloaded", self.auth.keys_file)
@@ -117,7 +117,7 @@ class Tenancy:
         else:
             self.directory = directory
             logger.info("keys file reloaded: %d tenant(s)", len(directory.tenants) - 1)
-            self._warn_plain_keys()
+            self._warn_about_keys()
             await self._seed_budgets()
             for listener in self._directory_listeners:
                 listener(directory)
@@ -172,7 +172,7 @@ class Tenancy:
                         "reachable" if reachable else "UNREACHABLE: counted per instance until it is")
         else:
             logger.info("tenants: %d, limits counted per instance (no auth.redis_url)", count)
-        self._warn_plain_keys()
+        self._warn_about_keys()
         await self._seed_budgets()
         self._flusher = asyncio.ensure_future(self._flush_every(self.auth.usage_flush_interval_s))
 
