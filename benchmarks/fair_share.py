@@ -145,27 +145,22 @@ def start_gateways(args: argparse.Namespace, workdir: Path, keys: Path) -> tuple
         port = servers.free_port()
         config = args.config or servers.CPU_CONFIG
         extra = {"engine": {"extra_engine_args": args.engine_args}} if args.engine_args else {}
-        if way == "vllm":  # the anchor: `vllm serve` with the gateways' engine flags
-            over = servers.deep_merge(servers.device_overrides(args.device, workdir / way, synth),
-                                      {"engine": {"max_num_seqs": args.seqs}})
+        if way == "vllm" or args.device == "gpu" or extra:
+            # the device's model (on the GPU the synthetic Gemma directory, dummy weights), a private
+            # state dir, and on the GPU the memory split between the engines; the profile's own flags
+            # otherwise. A gateway takes max_num_seqs from its environment, `vllm serve` from here.
+            over = servers.device_overrides(args.device, workdir / way, synth)
             if args.device == "gpu":
                 over = servers.deep_merge(over, {"engine": {"gpu_memory_utilization": args.gpu_memory_utilization}})
+            if way == "vllm":
+                over = servers.deep_merge(over, {"engine": {"max_num_seqs": args.seqs}})
             settings = servers.effective_settings(config, servers.deep_merge(over, extra))
-            running[way] = ways.launch_http_server("vllm", settings, workdir / f"{way}.yaml", workdir, way)
-            running[way].wait_ready("/health", 900)
             model = settings.engine.served_model_name or model
-            continue
-        if args.device == "gpu":
-            # the synthetic Gemma directory, dummy weights, a private state dir, and the memory
-            # split between the two engines; the profile's own flags otherwise
-            over = servers.deep_merge(servers.device_overrides("gpu", workdir / way, synth),
-                                      {"engine": {"gpu_memory_utilization": args.gpu_memory_utilization}})
-            settings = servers.effective_settings(config, servers.deep_merge(over, extra))
+            if way == "vllm":  # the anchor: `vllm serve` with the gateways' engine flags
+                running[way] = ways.launch_http_server("vllm", settings, workdir / f"{way}.yaml", workdir, way)
+                running[way].wait_ready("/health", 900)
+                continue
             config = servers.write_settings(settings, workdir / f"{way}.yaml")
-            model = settings.engine.served_model_name
-        elif extra:
-            over = servers.deep_merge(servers.device_overrides("cpu", workdir / way, None), extra)
-            config = servers.write_settings(servers.effective_settings(config, over), workdir / f"{way}.yaml")
         cmd = [sys.executable, "-m", "server", "serve", "--config", str(config), "--port", str(port),
                "--keys-file", str(keys)]
         if args.device == "cpu":

@@ -50,6 +50,11 @@ class KeyDirectory:
         emptied by mistake, or read while being rewritten, must not open the API to anyone."""
         return not self._by_digest and not self._keys_file
 
+    @property
+    def refuses_all(self) -> bool:
+        """A keys file is configured but no key at all is: every API request gets a 401."""
+        return not self._by_digest and self._keys_file
+
     def lookup(self, token: bytes) -> Tenant | None:
         return self._by_digest.get(hashlib.sha256(token).digest())
 

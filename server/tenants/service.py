@@ -96,7 +96,7 @@ class Tenancy:
         self._keys_reload_listeners.append(listener)
 
     def _warn_about_keys(self) -> None:
-        if self.enabled and len(self.directory.tenants) == 1 and not self._api_keys:
+        if self.directory.refuses_all:
             logger.warning("keys file %s lists no key: every API request is refused (401) until keys "
                            "are added (`llm-gateway keys add`) and reloaded", self.auth.keys_file)
         if self.directory.plain_key_names:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from benchmarks.lib import fair_load
-from tests.conftest import ServerProcess, start_gateway
+from tests.conftest import ServerProcess, start_gateway, wait_for
 from tests.unit.test_metrics import get
 
 SEQS = 2
@@ -102,12 +101,8 @@ def test_a_client_that_leaves_while_queued_gives_its_place_up(fair_gateway: Serv
     disconnect, out of the queue at once, and never run; the next request is served."""
     # The test before this one abandoned its flood: wait until the gateway has ended all of it, so
     # neither its disconnects nor vLLM's gauges (updated a step late) count here.
-    for _ in range(300):
-        before = scrape(fair_gateway)
-        if get(before, "gateway_requests_in_flight", route="/v1/completions") == 0:
-            break
-        time.sleep(0.1)
-    assert get(before, "gateway_requests_in_flight", route="/v1/completions") == 0, before
+    assert wait_for(lambda: get(scrape(fair_gateway), "gateway_requests_in_flight", route="/v1/completions") == 0, 30)
+    before = scrape(fair_gateway)
 
     async def hold(client: httpx.AsyncClient, holding: asyncio.Event) -> None:
         """A long stream (2,000 tokens: minutes) that has a place once its first token arrives."""
