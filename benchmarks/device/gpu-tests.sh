@@ -14,7 +14,7 @@
 #   gpu-tests-<profiles>.tar.gz  every gateway log and profile pytest wrote (its basetemp; not the
 #                                synthetic tokenizer, 5 MB a copy)
 #   gpu.lock                     the installed closure of the gpu extra + vllm (requirements/freeze.py)
-# Knobs: PROFILES (prefill,decode -> pytest -k; also replicas, replicas-mps), PYTEST_ARGS, RUN_S (a detached run's own limit, 1500).
+# Knobs: PROFILES (prefill,decode -> pytest -k; also replicas (the profile: CUDA MPS on), replicas-no-mps), PYTEST_ARGS, RUN_S (a detached run's own limit, 1500).
 set -uo pipefail
 source benchmarks/device/env.sh
 profiles=${PROFILES:-prefill,decode}

@@ -4,12 +4,12 @@ engines of Gemma 4 E2B's shapes on one GPU behind nginx on one port, as `make se
 Each engine gets half of the profile's memory share; requests through the one port reach both; the
 front's /ready and /metrics count both; the first requests after the warm-up cost about what the
 later ones do; a rolling reload (SIGHUP, as `systemctl reload`) under 256 concurrent clients swaps
-one engine at a time and fails no request; SIGTERM drains both and leaves no process. The
-`replicas-mps` run does the same with `server.cuda_mps` on: the supervisor's CUDA MPS daemon serves
-both engines (nvidia-smi lists its server) and quits after them. On the device machine (nginx
+one engine at a time and fails no request; SIGTERM drains both and leaves no process. The profile
+has `server.cuda_mps` on: the supervisor's CUDA MPS daemon serves both engines (nvidia-smi lists its
+server) and quits after them; the `replicas-no-mps` run does the same with it off. On the device machine (nginx
 carried as .devtools/nginx, benchmarks/device/gpu-tests.sh puts it on PATH):
 
-    PROFILES=replicas bash benchmarks/device/gpu-tests.sh          # or PROFILES=replicas-mps
+    PROFILES=replicas bash benchmarks/device/gpu-tests.sh          # or PROFILES=replicas-no-mps
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Front:
         return self.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module", params=["replicas", "replicas-mps"])
+@pytest.fixture(scope="module", params=["replicas", "replicas-no-mps"])
 def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     if nginx_binary() is None:
         pytest.fail("no nginx: carry .devtools/nginx (benchmarks/device/carry-nginx.sh)")
@@ -77,8 +77,8 @@ def front(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     profile = servers.write_settings(settings, tmp / "profile.yaml")  # edited before the SIGHUP below
     port = front_port()
     log_path = tmp / "supervisor.log"
-    mps = request.param == "replicas-mps"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"LLM_GATEWAY_SERVER__CUDA_MPS": "true"} if mps else {})}
+    mps = request.param == "replicas"  # as the profile ships it
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({} if mps else {"LLM_GATEWAY_SERVER__CUDA_MPS": "false"})}
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "server", "serve", "--config", str(profile), "--port", str(port),
                                  "--no-client-limits"],
