@@ -60,8 +60,9 @@ def p50(values: list[float]) -> float | None:
 
 
 async def stream_one(client: httpx.AsyncClient, tally: Tally, tenant: str, key: str, model: str,
-                     prompt: str, max_tokens: int) -> Streamed:
-    """One streamed /v1/completions request (ignore_eos: exactly max_tokens tokens)."""
+                     prompt: str, max_tokens: int, first_token: asyncio.Event | None = None) -> Streamed:
+    """One streamed /v1/completions request (ignore_eos: exactly max_tokens tokens); `first_token`
+    is set when its first text arrives (the request then holds a place in the engine)."""
     record = Streamed(tenant, time.monotonic())
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
             "temperature": 0, "stream_options": {"include_usage": True}}
@@ -81,6 +82,8 @@ async def stream_one(client: httpx.AsyncClient, tally: Tally, tenant: str, key: 
                         continue  # the final usage chunk carries no text
                 if record.ttft_s is None:
                     record.ttft_s = time.monotonic() - record.started
+                    if first_token is not None:
+                        first_token.set()
                 record.chunks += 1
     record.e2e_s = time.monotonic() - record.started
     tally.requests.append(record)

@@ -32,7 +32,9 @@ GENEROUS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "max_conc
 def keys_file(workdir: Path) -> Path:
     """WORKDIR/keys.yaml: the bench tenants' keys at GENEROUS limits (written once, then reused).
     Written whole under another name and renamed: the tenant ways' servers start at once, and one
-    that read the file half written would serve without keys (every request tenant `unnamed`)."""
+    that read the file half written would serve without keys (every request tenant `unnamed`). Not
+    server.tenants.cli's writer: this runs with `server` from the tree being measured, which may
+    predate it."""
     path = workdir / "keys.yaml"
     if not path.exists():
         part = path.with_name(f"keys.yaml.{os.getpid()}")

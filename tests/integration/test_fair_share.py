@@ -104,21 +104,14 @@ def test_a_client_that_leaves_while_queued_gives_its_place_up(fair_gateway: Serv
     assert wait_for(lambda: get(scrape(fair_gateway), "gateway_requests_in_flight", route="/v1/completions") == 0, 30)
     before = scrape(fair_gateway)
 
-    async def hold(client: httpx.AsyncClient, holding: asyncio.Event) -> None:
-        """A long stream (2,000 tokens: minutes) that has a place once its first token arrives."""
-        body = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"Authorization": "Bearer sk-heavy"}) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    holding.set()
-
     async def main() -> None:
         async with httpx.AsyncClient(base_url=fair_gateway.base_url, timeout=300,
                                      limits=httpx.Limits(max_connections=SEQS + 4)) as client:
-            # every place held by a stream that is generating, so the light request cannot get one
+            # every place held by a stream that is generating (2,000 tokens: minutes), so the light
+            # request cannot get one
             held = [asyncio.Event() for _ in range(SEQS)]
-            holders = asyncio.gather(*(hold(client, e) for e in held))
+            holders = asyncio.gather(*(fair_load.stream_one(client, fair_load.Tally(), "heavy", "sk-heavy", MODEL,
+                                                            "Tell a long story.", 2000, first_token=e) for e in held))
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held)), 120)
             with pytest.raises(httpx.ReadTimeout):
                 await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 4},
