@@ -7,8 +7,9 @@ everything and leaves no process behind. A stalled replica is not staged here: i
 3 (tests/integration/test_stall.py), nginx resends its plain requests (tests/e2e/test_nginx.py's
 stalled instance), and the supervisor restarts a replica whatever its exit code (the kill here).
 SIGHUP after a profile change rolls a reload over the replicas, one engine swap at a time, under
-load: no request fails, and the front's /ready counts the swapping replica out meanwhile. Under systemd the supervisor is the main process: it alone
-sends sd_notify (READY once nginx serves, RELOADING around the roll, STOPPING, watchdog pings)."""
+load: no request fails, and the front's /ready counts the swapping replica out meanwhile. Under
+systemd the supervisor is the main process: it alone sends sd_notify (READY once nginx serves,
+RELOADING around the roll, STOPPING, watchdog pings)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.replicas import front
 from server.settings.keys_file import hashed
 from server.replicas.supervisor import child_argv
-from tests.conftest import (CONFIG, ROOT, STATE_DIR, SERVED_NAME, front_port, running,
-                            wait_for)
+from tests.conftest import CONFIG, ROOT, STATE_DIR, SERVED_NAME, front_port, running, wait_for
 from tests.e2e.conftest import NotifyListener, nginx_binary
 from tests.load import Load
 
