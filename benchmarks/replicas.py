@@ -7,7 +7,9 @@ same fixed KV cache (`--kv-cache-gib`), so that engines starting together do not
 vLLM's memory profiling. For each N an nginx front door (the shipped site, rendered by
 server/replicas/front.py as `llm-gateway serve --replicas N` renders it, per-client limits off)
 spreads requests over the first N gateways (`least_conn`). An idle engine does no GPU work, so
-`rN` measures N replicas sharing the GPU while the others wait.
+`rN` measures N replicas sharing the GPU while the others wait. With `--fill-first M`, each N > 1
+also gets a front `fN` over the same gateways that fills the first one up to M open requests before
+the others get any (`server.replicas_fill_first`).
 
 Each (concurrency, repeat) cell runs every way in turn, the order rotating, and each way with both
 load clients: vLLM's own `vllm bench serve` (one process, as users run it) and `loadtest` (several
@@ -46,9 +48,9 @@ from benchmarks.lib.ways import (client_workers, launch_http_server, loadtest_cm
                                  summary_fields)
 from server.replicas.mps import MpsDaemon
 
-def start_front(name: str, upstreams: list[int], workdir: Path) -> servers.Server:
+def start_front(name: str, upstreams: list[int], workdir: Path, fill_first: int = 0) -> servers.Server:
     """nginx serving the shipped site over some gateway ports (server/replicas/front.py, per-client
-    limits off), started, not waited for."""
+    limits off; fill-first when asked), started, not waited for."""
     from server.replicas import front
 
     binary = front.nginx_binary()
@@ -56,7 +58,8 @@ def start_front(name: str, upstreams: list[int], workdir: Path) -> servers.Serve
         raise RuntimeError("nginx is not installed (Debian: apt-get install nginx)")
     port = servers.free_port()
     prefix = workdir / f"nginx-{name}"
-    conf = front.write_front(prefix, upstreams=upstreams, listen=f"127.0.0.1:{port}", client_limits=False)
+    conf = front.write_front(prefix, upstreams=upstreams, listen=f"127.0.0.1:{port}", client_limits=False,
+                             fill_first=fill_first)
     return servers.start_server(name, [binary, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"],
                                 prefix / "nginx.out", port, servers.clean_env())
 
@@ -141,6 +144,8 @@ def main() -> None:
     servers.add_profile_args(ap, "profile override (repeatable)")
     ap.add_argument("--replicas", default="1,2,3,4", help="the N of each front door (gateways behind nginx)")
     ap.add_argument("--no-vllm", action="store_true", help="no `vllm serve` anchor")
+    ap.add_argument("--fill-first", type=int, default=0, help="also a fill-first front fN for each N > 1: the "
+                    "first gateway takes requests up to this many open before the others (server.replicas_fill_first)")
     ap.add_argument("--mps", action="store_true", help="run every engine as a client of a CUDA MPS daemon "
                     "(server/replicas/mps.py), so that their kernels share the GPU at once instead of by turns")
     ap.add_argument("--concurrency", default="256,512")
@@ -189,6 +194,7 @@ def main() -> None:
     recs: list[dict[str, Any]] = []
     daemon = MpsDaemon(workdir / "mps") if a.mps else None
     meta["mps"] = bool(a.mps)
+    meta["fill_first"] = a.fill_first
     try:
         if daemon is not None:
             os.environ.update(daemon.start())  # every engine started below inherits it
@@ -205,6 +211,8 @@ def main() -> None:
               f"warm-ups: {meta['warmup']}", flush=True)
         for n in counts:
             fronts[f"r{n}"] = start_front(f"r{n}", gw_ports[:n], workdir)
+            if a.fill_first and n > 1:
+                fronts[f"f{n}"] = start_front(f"f{n}", gw_ports[:n], workdir, a.fill_first)
         for front in fronts.values():
             front.wait_ready("/ready", 30.0)
         ways = ([] if a.no_vllm else ["vllm"]) + list(fronts)
@@ -219,8 +227,9 @@ def main() -> None:
                     for client in (clients if (rep + turn) % 2 == 0 else clients[::-1]):
                         if time.monotonic() > t_end - 30:
                             raise TimeoutError("deadline")
-                        n_replicas = int(way[1:]) if way.startswith("r") else 1
-                        backends = gw_ports[:n_replicas] if way.startswith("r") else []
+                        fronted = way.startswith(("r", "f"))
+                        n_replicas = int(way[1:]) if fronted else 1
+                        backends = gw_ports[:n_replicas] if fronted else []
                         before = [engine_side.scrape(f"http://127.0.0.1:{p}") for p in backends]
                         serving = ["vllm"] if way == "vllm" else [f"gateway{i + 1}" for i in range(n_replicas)]
                         t0 = time.time()

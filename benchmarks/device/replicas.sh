@@ -15,7 +15,8 @@
 # Knobs: REPLICAS (1,2,3,4), CONCURRENCY (256,512), REPEATS (3), CLIENTS (vllm-bench,loadtest), WORKERS (8
 # loadtest processes), KV_GIB (8), CONFIG (configs/gemma4-e2b-h200-decode.yaml), RUN_S (the run's own deadline,
 # 1250), MPS (1: every engine a client of one CUDA MPS daemon, benchmarks/lib/mps.py), SET (one profile
-# override for every engine, `vllm serve` included, e.g. "engine.extra_engine_args={stream_interval: 4}").
+# override for every engine, `vllm serve` included, e.g. "engine.extra_engine_args={stream_interval: 4}"), FILL (M:
+# also a fill-first front fN per N > 1, the first gateway filled to M open requests first: server.replicas_fill_first).
 set -uo pipefail
 source benchmarks/device/env.sh
 source benchmarks/device/detach.sh
@@ -33,7 +34,7 @@ if [ "${1:-}" = start ]; then
     --clients "${CLIENTS:-vllm-bench,loadtest}" --loadtest-workers "${WORKERS:-8}" --kv-cache-gib "${KV_GIB:-8}" \
     --label "$card, vLLM 0.26.0, Gemma 4 E2B dummy weights + synthetic byte-level tokenizer, text prompts" \
     --workdir "$DETACH_DIR/work" --deadline-s "${RUN_S:-1250}" --out "$DETACH_DIR/replicas.jsonl" \
-    --doc "$DETACH_DIR/replicas.json" ${MPS:+--mps} ${SET:+--set "$SET"}
+    --doc "$DETACH_DIR/replicas.json" ${MPS:+--mps} ${SET:+--set "$SET"} ${FILL:+--fill-first "$FILL"}
 fi
 detach_wait "$name"
 cp "$DETACH_DIR"/replicas.json* "$DETACH_DIR/run.log" "$OUT/" 2>/dev/null

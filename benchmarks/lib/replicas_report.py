@@ -57,13 +57,18 @@ def balance(before: list[dict[str, float] | None], after: list[dict[str, float] 
     return [round(d / total, 3) for d in deltas] if total > 0 else None
 
 
-def way_key(way: str) -> tuple[int, int]:
-    return (0, 0) if way == "vllm" else (1, int(way[1:]) if way[1:].isdigit() else 0)
+def way_key(way: str) -> tuple[int, int, int]:
+    """vllm serve first, then by replica count (rN before fN at the same N)."""
+    if way == "vllm":
+        return (0, 0, 0)
+    return (1, int(way[1:]) if way[1:].isdigit() else 0, 0 if way.startswith("r") else 1)
 
 
 def way_label(way: str) -> str:
     if way == "vllm":
         return "vllm serve (one engine)"
+    if way.startswith("f"):  # benchmarks/replicas.py --fill-first
+        return f"gateway x {way[1:]} behind nginx, fill-first"
     return f"gateway x {way[1:]} behind nginx"
 
 

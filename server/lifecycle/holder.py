@@ -292,6 +292,8 @@ class EngineHolder:
 
     async def _wait_for_reload(self) -> Slot:
         limits = self._reload_limits or self.settings.reload
+        if limits.queue_size == 0:  # a replica behind nginx (server/replicas/supervisor.py): another one serves
+            raise ServiceUnavailableError("the engine is reloading; retry shortly", headers={"Retry-After": "5"})
         if self._waiting >= limits.queue_size:
             raise ServiceUnavailableError(
                 f"the engine is reloading and {self._waiting} requests already wait; retry shortly",

@@ -3,7 +3,8 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 
 - Replica `i` listens on 127.0.0.1:(server.port + 1 + i); nginx on server.host:server.port with the
   shipped site (least_conn, passive health checks, retries of requests that never reached a
-  replica).
+  replica), or with `server.replicas_fill_first`, the first replica filled up to that many open
+  requests before the others get any (front.upstream_lines).
 - The replicas start one after another, each once the previous one answers /ready: on a GPU, vLLM
   checks the free memory when an engine starts, so each replica takes 1/N of the profile's
   `gpu_memory_utilization` less a reserve for what an engine holds past vLLM's own accounting
@@ -21,6 +22,11 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 - Ctrl-C or SIGTERM: every replica drains (server.drain_timeout_s), then nginx quits.
 - SIGHUP: a rolling reload, one replica at a time (`llm-gateway reload` on their URLs), in a
   thread, so that /ready, restarts and the watchdog go on while engines swap (minutes on a GPU).
+  A replica's reload queue is 0 (RELOAD_QUEUE_ENV): a request that reaches a reloading replica
+  gets 503 at once, and nginx sends it on to another one (proxy_next_upstream) instead of leaving
+  it to wait for the new engine. nginx leaves a replica that refused out for its fail_timeout, so
+  the next replica's reload waits that long after the previous one is ready (rolling_reload's
+  settle_s): else both could be left out at once, and nginx answers 502.
 - Under systemd (`Type=notify`), the supervisor is the main process and speaks sd_notify itself:
   READY=1 once nginx serves, RELOADING=1 ... READY=1 around a roll, STOPPING=1, STATUS with the
   ready replicas, and WATCHDOG=1 while its loop runs. The replicas get no NOTIFY_SOCKET: systemd
@@ -45,7 +51,7 @@ import httpx
 import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
-from server.replicas.front import READY_FILE, nginx_binary, write_front
+from server.replicas.front import READY_FILE, fail_timeout_s, nginx_binary, write_front
 from server.replicas.metrics_view import MetricsView
 from server.replicas.mps import PROCESS_PREFIX, MpsDaemon, MpsError
 from server.replicas.shared_limits import PrivateRedis
@@ -58,6 +64,11 @@ logger = logging.getLogger("llm_gateway.replicas")
 RESTART_BACKOFF_MAX_S = 60.0
 READY_POLL_S = 1.0  # how often /ready's file is brought up to date
 SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the supervisor's, not the replicas'
+# A reloading replica refuses what would wait for its new engine (503), and nginx sends that on to
+# another replica. Not nginx taking the replica out of rotation instead: that needs nginx to reload,
+# and its old workers then close their idle client connections, losing a request sent on one at
+# that moment (a few in every thirty reloads under load, measured).
+RELOAD_QUEUE_ENV = {"LLM_GATEWAY_RELOAD__QUEUE_SIZE": "0"}
 REPLICA_RESERVE = 0.05  # of the GPU's memory, per replica, beyond vLLM's own accounting (memory_share)
 
 
@@ -141,6 +152,8 @@ class Supervisor:
         self._roll_ended = False
         self._status = ""
         env = {k: v for k, v in os.environ.items() if k not in SYSTEMD_ENV}
+        if replicas > 1:
+            env.update(RELOAD_QUEUE_ENV)
         share = memory_share(settings, replicas)
         if share is not None:
             env["LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION"] = share
@@ -222,7 +235,8 @@ class Supervisor:
         host = f"[{s.host}]" if ":" in s.host else s.host
         self._publish_ready()
         conf = write_front(self.prefix, upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
-                           client_limits=self.client_limits, ready_dir=self.prefix, metrics_port=self.metrics.port)
+                           client_limits=self.client_limits, ready_dir=self.prefix, metrics_port=self.metrics.port,
+                           fill_first=s.replicas_fill_first)
         checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
@@ -307,7 +321,8 @@ class Supervisor:
     def _rolling_reload(self) -> None:
         keys = self.settings.auth.admin_keys
         try:
-            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info)
+            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info,
+                         settle_s=fail_timeout_s() + 1)
             logger.info("rolling reload: %d replica(s) reloaded", len(steps))
         except RollError as exc:
             logger.error("rolling reload stopped: %s", exc)

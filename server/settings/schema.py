@@ -70,6 +70,15 @@ class ServerSettings(BaseModel):
     (what an engine holds past vLLM's own accounting). 1: one process, no nginx. `serve --replicas N`
     overrides it."""
 
+    replicas_fill_first: int = Field(0, ge=0)
+    """With `replicas` > 1: nginx sends every request to the first replica until it has this many
+    open, and only the overflow to the others (server/replicas/front.py: `max_conns` on the first,
+    the others `backup`). On a GPU two engines' steps over half a batch each cost more GPU time than
+    one engine's step over the whole batch until the batch is large (measured in
+    docs/performance/replicas.md), so a small load is best served by one engine. 0: least_conn over
+    every replica from the first request. While a rolling reload has a replica out of rotation, the
+    others are least_conn."""
+
     cuda_mps: bool = False
     """With `replicas` > 1 on a GPU, run the replicas as clients of one CUDA MPS control daemon,
     which the supervisor starts (its pipe and log folders under the state dir) and stops, so that

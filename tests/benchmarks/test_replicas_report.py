@@ -41,6 +41,14 @@ def test_summary_takes_medians_and_ratios_by_the_same_client() -> None:
     assert "- vllm-bench, c = 256: best r2 at 1.25x, TTFT p50 1.20x: misses (needs 1.5x)" in text
 
 
+def test_fill_first_fronts_are_their_own_way_after_least_conn() -> None:
+    recs = [_rec(w, "loadtest", 32, t, 100.0) for w, t in (("f2", 6500), ("r2", 4800), ("vllm", 6600))]
+    rows = replicas_report.summarize(recs)
+    assert [r["way"] for r in rows] == ["vllm", "r2", "f2"]
+    text = replicas_report.table(rows, replicas_report.goal_check(rows))
+    assert "| loadtest | 32 | gateway x 2 behind nginx, fill-first | 1 | 6500 (6500-6500) | 0.98x |" in text
+
+
 def test_low_concurrency_goal_is_parity_and_failures_miss() -> None:
     recs = [_rec("vllm", "loadtest", 32, 6000, 100.0), _rec("r1", "loadtest", 32, 5880, 120.0),
             _rec("vllm", "loadtest", 256, 10_000, 500.0), _rec("r3", "loadtest", 256, 16_000, 400.0, failed=1)]
@@ -79,21 +87,24 @@ def test_vllm_bench_command_and_fields() -> None:
 
 @pytest.mark.slow
 def test_replicas_cpu_smoke(model_dir: Path, tmp_path: Path) -> None:
-    """Real CPU engines and nginx: `vllm serve`, one and two gateways behind nginx, both clients."""
+    """Real CPU engines and nginx: `vllm serve`, one and two gateways behind nginx (least_conn, and
+    fill-first up to 2 open requests, which at 2 streams leaves the second gateway idle), both clients."""
     out = tmp_path / "r.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.replicas", "--device", "cpu", "--replicas", "1,2", "--concurrency", "2",
          "--repeats", "1", "--requests", "4", "--input-tokens", "32", "--output-tokens", "8",
-         "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480"],
+         "--fill-first", "2", "--out", str(out), "--workdir", str(tmp_path / "work"), "--deadline-s", "480"],
         cwd=ROOT, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     recs = servers.load_jsonl([out])
-    assert {(r["way"], r["client"]) for r in recs} == {(w, c) for w in ("vllm", "r1", "r2")
+    assert {(r["way"], r["client"]) for r in recs} == {(w, c) for w in ("vllm", "r1", "r2", "f2")
                                                       for c in ("loadtest", "vllm-bench")}, proc.stdout[-4000:]
     for r in recs:
         assert r["failed"] == 0 and r["completed"] == 4 and r["total_output_tokens"] == 4 * 8, r
     two = [r for r in recs if r["way"] == "r2"]
     assert all(len(r["replica_token_share"]) == 2 and min(r["replica_token_share"]) > 0 for r in two), two
+    filled = [r for r in recs if r["way"] == "f2"]
+    assert all(r["replica_token_share"] == [1.0, 0.0] for r in filled), filled
     # where the host's CPU went in the timed part: the serving engines' cores and API processes
     for r in recs:
         serving = {"vllm"} if r["way"] == "vllm" else {f"gateway{i + 1}" for i in range(r["replicas"])}

@@ -1,10 +1,12 @@
 """GPU only: the replicas profile (configs/gemma4-e2b-h200-replicas.yaml, `server.replicas: 2`): two
 engines of Gemma 4 E2B's shapes on one GPU behind nginx on one port, as `make serve` runs it.
 
-Each engine gets half of the profile's memory share; requests through the one port reach both; the
-front's /ready and /metrics count both; the first requests after the warm-up cost about what the
-later ones do; a rolling reload (SIGHUP, as `systemctl reload`) under 256 concurrent clients swaps
-one engine at a time and fails no request; SIGTERM drains both and leaves no process. The profile
+Each engine gets half of the profile's memory share; requests through the one port go to the first
+replica until it has `server.replicas_fill_first` (256) open, then to the second too; the front's
+/ready and /metrics count both; the first requests after the warm-up cost about what the later ones
+do; a rolling reload (SIGHUP, as `systemctl reload`) under 256 concurrent clients swaps one engine
+at a time and fails no request, none waiting for a new engine; SIGTERM drains both and leaves no
+process. The profile
 has `server.cuda_mps` on: the supervisor's CUDA MPS daemon serves both engines (nvidia-smi lists its
 server) and quits after them; the `replicas-no-mps` run does the same with it off. On the device machine (nginx
 carried as .devtools/nginx, benchmarks/device/gpu-tests.sh puts it on PATH):
@@ -14,6 +16,7 @@ carried as .devtools/nginx, benchmarks/device/gpu-tests.sh puts it on PATH):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -116,6 +119,31 @@ def streamed_ttft_ms(url: str, prompt: list[int]) -> float:
     raise AssertionError("no token streamed")
 
 
+def completions_served(client: httpx.Client, base_url: str) -> dict[str, float]:
+    """/v1/completions answered per replica, from the front's merged /metrics."""
+    families = {f.name: f for f in text_string_to_metric_families(client.get(base_url + "/metrics").text)}
+    out = {"0": 0.0, "1": 0.0}
+    for s in families["gateway_requests"].samples:
+        if s.name.endswith("_total") and s.labels.get("route") == "/v1/completions":
+            out[s.labels["replica"]] += s.value
+    return out
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    return {k: round(after[k] - before[k]) for k in after}
+
+
+async def burst(base_url: str, model: str, n: int) -> list[int]:
+    """`n` completions sent at once (64 tokens each, so that they are all open together)."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        async def one(i: int) -> int:
+            r = await client.post(base_url + "/v1/completions", json={
+                "model": model, "prompt": f"Burst {i}:", "max_tokens": 64, "ignore_eos": True})
+            return r.status_code
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
 def test_first_requests_after_the_warm_up(front: Front) -> None:
     """Issue 36's warm-up: each engine ran the serving shapes before /ready, so the first client
     requests (512-token text prompts, one at a time, straight to each replica) cost about what the
@@ -139,16 +167,25 @@ def test_two_engines_share_the_gpu_behind_one_port(front: Front) -> None:
     r = httpx.get(front.base_url + "/ready", timeout=10)
     assert r.status_code == 200 and r.json()["ready_replicas"] == 2, r.text
     model = model_name(front.base_url)
+    fill = load_settings(PROFILE).server.replicas_fill_first
     with httpx.Client(timeout=120) as client:
+        before = completions_served(client, front.base_url)
         for i in range(8):
             r = client.post(front.base_url + "/v1/completions",
                             json={"model": model, "prompt": f"Request {i}:", "max_tokens": 4, "ignore_eos": True})
             assert r.status_code == 200, r.text
+        one_by_one = completions_served(client, front.base_url)
+        # one at a time: all on the first replica (fill-first)
+        assert delta(one_by_one, before) == {"0": 8, "1": 0}, (before, one_by_one)
+        codes = asyncio.run(burst(front.base_url, model, fill + 64))
+        assert codes == [200] * (fill + 64), sorted(set(codes))
+        after = completions_served(client, front.base_url)
         families = {f.name: f for f in text_string_to_metric_families(client.get(front.base_url + "/metrics").text)}
     assert {s.labels["replica"]: s.value for s in families["gateway_replica_up"].samples} == {"0": 1, "1": 1}
-    served = {s.labels["replica"]: s.value for s in families["gateway_requests"].samples
-              if s.name.endswith("_total") and s.labels.get("route") == "/v1/completions"}
-    assert set(served) == {"0", "1"} and min(served.values()) > 0, served  # least_conn used both
+    # more than `fill` open at once: the first replica took at most `fill` at a time, the rest went on
+    split = delta(after, one_by_one)
+    print(f"a burst of {fill + 64} requests, fill-first {fill}: served per replica {split}")
+    assert split["0"] >= fill and split["1"] > 0 and sum(split.values()) == fill + 64, split
     smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, timeout=30)
     used, total = (float(x) for x in smi.stdout.splitlines()[0].split(","))
@@ -171,8 +208,9 @@ def test_the_engines_are_mps_clients_only_when_asked(front: Front) -> None:
 
 def test_rolling_reload_under_256_clients_fails_nothing(front: Front) -> None:
     """SIGHUP after a profile change: each replica in turn drains and swaps its engine (drain-swap)
-    while the other serves; requests nginx sends the swapping one wait for its new engine. Under
-    256 clients (half streaming) no request fails; the longest wait goes to the report."""
+    while the other serves; a request nginx sends the swapping one gets 503 at once (its reload
+    queue is 0) and nginx sends it to the other. Under 256 clients (half streaming) no request
+    fails, and none waited for a new engine."""
     profile = yaml.safe_load(front.profile.read_text())
     profile["engine"]["max_num_seqs"] = 512  # the same CUDA graph sizes: the compile cache stays warm
     front.profile.write_text(yaml.safe_dump(profile, sort_keys=False))
@@ -194,4 +232,5 @@ def test_rolling_reload_under_256_clients_fails_nothing(front: Front) -> None:
         assert status["profile"]["max_num_seqs"] == 512, status["profile"]
         last = status["last_reload"]
         print(f"{url}: {json.dumps(last)}")
+        assert last["queued"] == 0, last
     print([line for line in front.log().splitlines() if "rolling reload" in line or "(drain-swap, " in line][-4:])

@@ -110,6 +110,25 @@ async def test_queue_overflow_and_max_wait_get_503() -> None:
 
 
 @pytest.mark.anyio
+async def test_a_reload_with_no_queue_refuses_at_once_and_keeps_what_runs() -> None:
+    """queue_size 0 (each replica behind nginx, which resends a 503 to another replica): a request
+    that arrives during the reload gets 503 at once, none waits, what ran before finishes."""
+    holder, _ = holder_with(start_delay=0.3)
+    await holder.start()
+    running = asyncio.create_task(use(holder, 20))
+    await asyncio.sleep(0.02)
+    reload = asyncio.create_task(holder.reload(settings("new", queue_size=0)))
+    await asyncio.sleep(0.02)
+    with pytest.raises(ServiceUnavailableError, match="reloading") as refused:
+        await asyncio.wait_for(use(holder, 1), 0.1)
+    assert refused.value.headers == {"Retry-After": "5"}
+    assert await running == 20
+    result = await reload
+    assert result.outcome == "success" and result.queued == 0
+    assert await use(holder, 2) == 2
+
+
+@pytest.mark.anyio
 async def test_drain_timeout_aborts_with_a_clear_error() -> None:
     holder, made = holder_with()
     await holder.start()

@@ -82,15 +82,17 @@ def test_every_profile_in_configs_ships_with_the_package() -> None:
 
 def test_the_replicas_profile_is_the_decode_profile_run_twice() -> None:
     """configs/gemma4-e2b-h200-replicas.yaml copies the decode profile (profiles have no includes):
-    a change to one that misses the other fails here. The replicas share the GPU through CUDA MPS."""
+    a change to one that misses the other fails here. The replicas share the GPU through CUDA MPS,
+    and the first one takes up to 256 streams alone."""
     decode = yaml.safe_load((ROOT / "configs" / "gemma4-e2b-h200-decode.yaml").read_text())
     replicas = yaml.safe_load((ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").read_text())
     assert replicas.pop("server").pop("replicas") == 2
     assert replicas == {k: v for k, v in decode.items() if k != "server"}
-    own = {"replicas", "cuda_mps"}
+    own = {"replicas", "cuda_mps", "replicas_fill_first"}
     assert load_settings(ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").server.model_dump(exclude=own) == \
         load_settings(ROOT / "configs" / "gemma4-e2b-h200-decode.yaml").server.model_dump(exclude=own)
-    assert load_settings(ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").server.cuda_mps
+    shipped = load_settings(ROOT / "configs" / "gemma4-e2b-h200-replicas.yaml").server
+    assert shipped.cuda_mps and shipped.replicas_fill_first == 256
 
 
 @pytest.mark.parametrize("content,why", [

@@ -1,0 +1,204 @@
+"""The replicas' front door (server/replicas/front.py) in real nginx, over two scripted upstreams
+that hold each request until told to answer, so the test knows what every replica has open:
+
+- `server.replicas_fill_first`: the first replica takes requests until it has that many open, the
+  overflow goes to the other one (`max_conns` counted in the upstream's zone, across nginx's
+  workers), a lone request always goes to the first, and a first replica that is gone sends its
+  requests on to the other;
+- a replica that refuses with 503 (a reloading replica: the supervisor gives each one a reload
+  queue of 0) has its requests sent on to the other one, and gets them again once it answers.
+
+The whole supervisor (real gateways, real engines, the rolling reload under load) runs in
+test_replicas.py; this checks the routing rules themselves, where counting matters."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.replicas import front
+from tests.conftest import free_port, wait_for
+from tests.e2e.conftest import nginx_binary
+
+FILL = 3
+
+
+class Upstream:
+    """A loopback HTTP server standing in for one replica: each POST waits until `release` is set
+    (at most 30 s), then answers `status` (200) with this upstream's port."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.status = 200
+        self.arrived = 0
+        self.open = 0
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    outer.arrived += 1
+                    outer.open += 1
+                try:
+                    outer.release.wait(30)
+                    body = json.dumps({"port": outer.port}).encode()
+                    self.send_response(outer.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                finally:
+                    with lock:
+                        outer.open -= 1
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Front:
+    """nginx with the replicas' site (fill-first) over `ports`."""
+
+    def __init__(self, prefix: Path, ports: list[int]) -> None:
+        self.prefix, self.ports = prefix, ports
+        self.port = free_port()
+        self.conf = self.write()
+        self.proc = subprocess.Popen([nginx_binary(), "-p", str(prefix), "-c", str(self.conf), "-g", "daemon off;"],
+                                     stdout=(prefix / "nginx.out").open("wb"), stderr=subprocess.STDOUT)
+        assert wait_for(lambda: self.answers() or self.proc.poll() is not None, timeout=10, interval=0.05)
+        assert self.proc.poll() is None, (prefix / "error.log").read_text()
+
+    def write(self) -> Path:
+        conf = front.write_front(self.prefix, upstreams=self.ports, listen=f"127.0.0.1:{self.port}",
+                                 client_limits=False, fill_first=FILL)
+        checked = subprocess.run([nginx_binary(), "-t", "-p", str(self.prefix), "-c", str(conf)],
+                                 capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, checked.stderr
+        return conf
+
+    def answers(self) -> bool:
+        try:
+            httpx.get(f"http://127.0.0.1:{self.port}/", timeout=1)
+            return True
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def upstreams() -> Iterator[tuple[Upstream, Upstream]]:
+    first, second = Upstream(), Upstream()
+    yield first, second
+    first.close()
+    second.close()
+
+
+def post(url: str) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=60)
+
+
+class Held:
+    """Requests sent one at a time, each left open (its upstream holds it) before the next goes."""
+
+    def __init__(self, url: str, ups: tuple[Upstream, ...]) -> None:
+        self.url, self.ups = url, ups
+        self.threads: list[threading.Thread] = []
+        self.answers: list[httpx.Response] = []
+
+    def send(self, count: int) -> None:
+        for _ in range(count):
+            before = sum(u.arrived for u in self.ups)
+            thread = threading.Thread(target=lambda: self.answers.append(post(self.url)), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+            assert wait_for(lambda: sum(u.arrived for u in self.ups) == before + 1, timeout=10, interval=0.01)
+
+    def finish(self) -> list[int]:
+        for u in self.ups:
+            u.release.set()
+        for thread in self.threads:
+            thread.join(30)
+        assert all(r.status_code == 200 for r in self.answers), [r.text for r in self.answers]
+        return [r.json()["port"] for r in self.answers]
+
+
+def test_fill_first_fills_the_first_replica_then_spills(tmp_path: Path, upstreams: tuple[Upstream, Upstream]) -> None:
+    first, second = upstreams
+    nginx = Front(tmp_path, [first.port, second.port])
+    url = f"http://127.0.0.1:{nginx.port}"
+    try:
+        lines = [ln.strip() for ln in (tmp_path / "llm-gateway.conf").read_text().splitlines() if "server 127" in ln]
+        assert lines[0].endswith(f"max_conns={FILL};") and lines[1].endswith(" backup;"), lines
+        # one request at a time: always the first replica (least_conn would alternate)
+        first.release.set()
+        second.release.set()
+        assert {post(url).json()["port"] for _ in range(6)} == {first.port}
+        first.release.clear()
+        second.release.clear()
+        # open requests: the first FILL on the first replica, the rest on the other one
+        held = Held(url, upstreams)
+        held.send(FILL)
+        assert (first.open, second.open) == (FILL, 0)
+        held.send(2)
+        assert (first.open, second.open) == (FILL, 2)
+        ports = held.finish()
+        assert sorted(ports) == sorted([first.port] * FILL + [second.port] * 2)
+        # once the first has room again, it takes the next request
+        first.release.clear()
+        held = Held(url, upstreams)
+        held.send(1)
+        assert (first.open, second.open) == (1, 0)
+        held.finish()
+        # the first replica gone (connection refused): its requests go to the other one, none fails
+        first.close()
+        assert {post(url).json()["port"] for _ in range(4)} == {second.port}
+    finally:
+        nginx.stop()
+
+
+def test_a_refusing_first_replica_sends_its_requests_to_the_other(
+        tmp_path: Path, upstreams: tuple[Upstream, Upstream]) -> None:
+    first, second = upstreams
+    nginx = Front(tmp_path, [first.port, second.port])
+    url = f"http://127.0.0.1:{nginx.port}"
+    try:
+        first.release.set()
+        second.release.set()
+        first.status = 503  # reloading
+        answers = [post(url) for _ in range(6)]
+        assert [r.status_code for r in answers] == [200] * 6
+        assert {r.json()["port"] for r in answers} == {second.port}
+        # nginx tried it, then (max_fails=3) left it out for fail_timeout
+        assert 1 <= first.arrived <= 3, first.arrived
+        first.status = 200  # its new engine serves
+        assert wait_for(lambda: post(url).json()["port"] == first.port, timeout=30, interval=0.5)
+    finally:
+        nginx.stop()
