@@ -231,7 +231,8 @@ class ReloadSettings(BaseModel):
     """How long the old engine's requests may run on; the rest are aborted with a clear error."""
 
     queue_size: int = Field(256, ge=0)
-    """Requests that may wait for a drain-swap reload; more get 503 + Retry-After."""
+    """Requests that may wait for a drain-swap reload; more get 503 + Retry-After. 0: none waits,
+    each gets 503 at once (what `serve --replicas` gives each replica: nginx resends it to another)."""
 
     queue_max_wait_s: float = Field(180.0, gt=0)
     """Longest a queued request waits for the new engine before 503 + Retry-After."""
