@@ -94,11 +94,11 @@ install_new 0640 "$CONFIG" /etc/llm-gateway/config.yaml
 install_new 0640 "$SRC/systemd/llm-gateway.env.example" /etc/llm-gateway/llm-gateway.env
 units=()
 if [ "$GPUS" -gt 0 ]; then
-  # The profile's memory share, split between the replicas of one GPU, each leaving 0.05 of the GPU
+  # The profile's memory share, split between the replicas of one GPU, each leaving 0.07 of the GPU
   # for what an engine holds beyond vLLM's own accounting (server/replicas/supervisor.memory_share).
   share=$(sed -n 's/^ *gpu_memory_utilization: *\([0-9.]*\).*/\1/p' "$CONFIG" | head -1)
   replica_share=$(awk -v s="${share:-0.90}" -v r="$REPLICAS" \
-    'BEGIN { x = s / r - (r > 1 ? 0.05 : 0); printf "%.2f", int(x * 100 + 1e-9) / 100 }')
+    'BEGIN { x = s / r - (r > 1 ? 0.07 : 0); printf "%.2f", int(x * 100 + 1e-9) / 100 }')
   for ((i = 0; i < INSTANCES; i++)); do
     gpu=$((i / REPLICAS))
     tmp="$(mktemp)"

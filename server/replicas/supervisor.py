@@ -69,7 +69,7 @@ SYSTEMD_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")  # the supervis
 # and its old workers then close their idle client connections, losing a request sent on one at
 # that moment (a few in every thirty reloads under load, measured).
 RELOAD_QUEUE_ENV = {"LLM_GATEWAY_RELOAD__QUEUE_SIZE": "0"}
-REPLICA_RESERVE = 0.05  # of the GPU's memory, per replica, beyond vLLM's own accounting (memory_share)
+REPLICA_RESERVE = 0.07  # of the GPU's memory, per replica, beyond vLLM's own accounting (memory_share)
 
 
 @dataclass
@@ -129,9 +129,10 @@ def memory_share(settings: Settings, replicas: int) -> str | None:
     share = settings.engine.gpu_memory_utilization / replicas
     if replicas > 1:
         # vLLM sizes an engine's KV cache to fill its share, yet the engine then holds GiBs more
-        # (the CUDA context, allocator caches, what its first batches allocate): on the H100 a
-        # replica of the decode profile at 0.45 held 41 of 79 GiB, and the second one ran out of
-        # memory at its start. Each replica leaves REPLICA_RESERVE of the GPU for that.
+        # (the CUDA context, allocator caches, what its batches allocate): on the H100 a replica
+        # of the decode profile at 0.45 held 41 of 79 GiB, and the second one ran out of memory at
+        # its start; two at 0.40 held 0.94 of the card after a burst of 320 requests. Each replica
+        # leaves REPLICA_RESERVE of the GPU for that.
         share -= REPLICA_RESERVE
     return f"{math.floor(share * 100 + 1e-9) / 100:.2f}"
 

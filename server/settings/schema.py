@@ -66,7 +66,7 @@ class ServerSettings(BaseModel):
 
     replicas: int = Field(1, ge=1)
     """Gateway processes, each with its own engine, behind nginx on `host:port` (`llm-gateway serve`
-    runs them: server/replicas/). On a GPU each takes 1/N of `engine.gpu_memory_utilization` less 0.05
+    runs them: server/replicas/). On a GPU each takes 1/N of `engine.gpu_memory_utilization` less 0.07
     (what an engine holds past vLLM's own accounting). 1: one process, no nginx. `serve --replicas N`
     overrides it."""
 

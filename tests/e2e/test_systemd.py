@@ -212,7 +212,7 @@ def test_install_script_stages_everything(tmp_path: Path) -> None:
 
 def test_install_script_places_replicas_on_one_gpu(tmp_path: Path) -> None:
     """--replicas-per-gpu: instance i on GPU i / R with 1/R of the profile's memory share less the
-    reserve `serve --replicas` leaves too (supervisor.memory_share: 0.90 / 2 - 0.05), one port
+    reserve `serve --replicas` leaves too (supervisor.memory_share: 0.90 / 2 - 0.07), one port
     each, every replica after the first of its GPU ordered after the previous one, and nginx in
     front of all of them. Nonsense combinations are refused before anything is written."""
     root = tmp_path / "root"
@@ -227,7 +227,7 @@ def test_install_script_places_replicas_on_one_gpu(tmp_path: Path) -> None:
         pairs = dict(line.split("=", 1) for line in (etc / f"llm-gateway/instance-{i}.env").read_text().splitlines()
                      if line and not line.startswith("#"))
         assert pairs == {"LLM_GATEWAY_SERVER__PORT": str(8000 + i), "CUDA_VISIBLE_DEVICES": str(i // 2),
-                         "LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": "0.40"}, (i, pairs)
+                         "LLM_GATEWAY_ENGINE__GPU_MEMORY_UTILIZATION": "0.38"}, (i, pairs)
         drop_in = etc / f"systemd/system/llm-gateway@{i}.service.d/10-replica.conf"
         if i % 2:
             assert f"After=llm-gateway@{i - 1}.service\n" in drop_in.read_text()
