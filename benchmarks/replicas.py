@@ -50,7 +50,7 @@ from server.replicas.mps import MpsDaemon
 
 def start_front(name: str, upstreams: list[int], workdir: Path, fill_first: int = 0) -> servers.Server:
     """nginx serving the shipped site over some gateway ports (server/replicas/front.py, per-client
-    limits off; fill-first when asked), started, not waited for."""
+    limits off, no failure counting; fill-first when asked), started, not waited for."""
     from server.replicas import front
 
     binary = front.nginx_binary()
@@ -59,7 +59,7 @@ def start_front(name: str, upstreams: list[int], workdir: Path, fill_first: int 
     port = servers.free_port()
     prefix = workdir / f"nginx-{name}"
     conf = front.write_front(prefix, upstreams=upstreams, listen=f"127.0.0.1:{port}", client_limits=False,
-                             fill_first=fill_first)
+                             fill_first=fill_first, count_failures=False)
     return servers.start_server(name, [binary, "-c", str(conf), "-p", str(prefix), "-g", "daemon off;"],
                                 prefix / "nginx.out", port, servers.clean_env())
 

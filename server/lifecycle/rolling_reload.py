@@ -78,12 +78,8 @@ def roll(
     poll_s: float = 1.0,
     report: Callable[[str], None] = print,
     client: httpx.Client | None = None,
-    settle_s: float = 0.0,
 ) -> list[Step]:
-    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded.
-    `settle_s`: after an instance is ready again, wait this long before the next one's reload, so a
-    load balancer that marked it failed while it refused requests (nginx: max_fails within
-    fail_timeout) has taken it back before another instance refuses."""
+    """Reload `urls` in order; raise RollError at the first instance that cannot be reloaded."""
     urls = [u.rstrip("/") for u in urls]
     if not urls:
         raise RollError("no instance given")
@@ -94,8 +90,6 @@ def roll(
     steps: list[Step] = []
     try:
         for i, url in enumerate(urls):
-            if i and settle_s > 0:
-                time.sleep(settle_s)
             others = [u for u in urls if u != url]
             not_ready = [u for u in others if not ready(client, u)]
             if not_ready:

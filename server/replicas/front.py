@@ -28,22 +28,16 @@ def replace_exactly(text: str, old: str, new: str, count: int, what: str) -> str
     return text.replace(old, new)
 
 
-def fail_timeout_s(text: str | None = None) -> float:
-    """The shipped upstream line's `fail_timeout` (seconds): how long nginx leaves out a replica that
-    failed `max_fails` times (connection refused, 502, 503) before it tries it again."""
-    text = SITE.read_text() if text is None else text
-    found = re.findall(r"^    server 127\.0\.0\.1:\d+ .*fail_timeout=(\d+)s", text, re.M)
-    if len(found) != 1:
-        raise SiteTemplateError(f"expected one active upstream server line with fail_timeout=Ns, found {found}")
-    return float(found[0])
-
-
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 
 
+# The replicas' own front (`serve --replicas`) counts no failure: see render_site's `count_failures`.
+NO_FAILURE_COUNT = "max_fails=0"
+
+
 def upstream_lines(upstreams: list[int], params: str, fill_first: int = 0) -> list[str]:
-    """One `server` line per port, each with the shipped line's `params` (max_fails, fail_timeout).
+    """One `server` line per port, each with `params` (the shipped line's: max_fails, fail_timeout).
     With `fill_first` > 0 (server.replicas_fill_first) and two or more ports, the first port takes
     requests until it has `fill_first` open (`max_conns`, counted across nginx's workers in the
     upstream's zone), and only then do the others (`backup`: nginx uses them while every primary
@@ -58,12 +52,19 @@ def upstream_lines(upstreams: list[int], params: str, fill_first: int = 0) -> li
 
 
 def render_site(*, upstreams: list[int], listen: str, snippet: Path, log_dir: Path, text: str | None = None,
-                client_limits: bool = True, fill_first: int = 0) -> str:
+                client_limits: bool = True, fill_first: int = 0, count_failures: bool = True) -> str:
     """llm-gateway.conf with one upstream `server` line per port (`upstream_lines`: the shipped line's
     parameters, and fill-first if asked), `listen <listen>` instead of port 80 (no IPv6 line), the
     snippet included from `snippet` and the access log under `log_dir`. `client_limits=False` keys
     the per-client request and connection limits on an empty value, which nginx never counts (a load
-    test from one address)."""
+    test from one address).
+
+    `count_failures=False` (the replicas' supervisor): `max_fails=0` instead of the shipped passive
+    health check. A reloading replica refuses with 503 and nginx resends the request to another
+    (proxy_next_upstream); counted as failures, those 503s left the replica out for `fail_timeout`
+    after it was back, and a roll's next replica refusing meanwhile left nginx none (502 "no live
+    upstreams"). On loopback a dead replica costs each request one refused connection; the
+    supervisor restarts it, and a stalled one ends itself."""
     text = SITE.read_text() if text is None else text
     if not client_limits:
         text = replace_exactly(text, "_zone $binary_remote_addr ", "_zone $llm_gateway_no_client_key ", 2,
@@ -77,7 +78,7 @@ def render_site(*, upstreams: list[int], listen: str, snippet: Path, log_dir: Pa
     if len(active) != 1:
         raise SiteTemplateError(f"expected one active upstream server line, found {active}")
     lines = [ln for ln in body.split("\n") if not re.match(r"^    #?server 127\.0\.0\.1:\d+ ", ln)]
-    lines[1:1] = upstream_lines(upstreams, active[0], fill_first)
+    lines[1:1] = upstream_lines(upstreams, active[0] if count_failures else NO_FAILURE_COUNT, fill_first)
     text = text.replace(body, "\n".join(lines))
     text = replace_exactly(text, "    listen 80;\n", f"    listen {listen};\n", 1, "listen")
     text = replace_exactly(text, "    listen [::]:80;\n", "", 1, "listen ipv6")
@@ -159,11 +160,13 @@ def write_nginx_conf(prefix: Path, site_files: list[str], ready_dir: Path | None
 
 
 def write_front(prefix: Path, *, upstreams: list[int], listen: str, client_limits: bool = True,
-                ready_dir: Path | None = None, metrics_port: int | None = None, fill_first: int = 0) -> Path:
+                ready_dir: Path | None = None, metrics_port: int | None = None, fill_first: int = 0,
+                count_failures: bool = True) -> Path:
     """The whole front door under `prefix`: the site (`render_site`, as `llm-gateway.conf`) over
     `upstreams`, listening on `listen`, and the nginx.conf including it (`write_nginx_conf`)."""
     prefix.mkdir(parents=True, exist_ok=True)
     site = prefix / "llm-gateway.conf"
     site.write_text(render_site(upstreams=upstreams, listen=listen, snippet=prefix / "llm-gateway-proxy.conf",
-                                log_dir=prefix, client_limits=client_limits, fill_first=fill_first))
+                                log_dir=prefix, client_limits=client_limits, fill_first=fill_first,
+                                count_failures=count_failures))
     return write_nginx_conf(prefix, [str(site)], ready_dir=ready_dir, metrics_port=metrics_port)

@@ -2,14 +2,16 @@
 on the profile's address, in the foreground until Ctrl-C or SIGTERM.
 
 - Replica `i` listens on 127.0.0.1:(server.port + 1 + i); nginx on server.host:server.port with the
-  shipped site (least_conn, passive health checks, retries of requests that never reached a
-  replica), or with `server.replicas_fill_first`, the first replica filled up to that many open
-  requests before the others get any (front.upstream_lines).
+  shipped site (least_conn, retries of requests a replica refused or never got), or with
+  `server.replicas_fill_first`, the first replica filled up to that many open requests before the
+  others get any (front.upstream_lines). No failure counting (front.render_site's
+  `count_failures`): a replica that refuses is asked again with the next request.
 - The replicas start one after another, each once the previous one answers /ready: on a GPU, vLLM
   checks the free memory when an engine starts, so each replica takes 1/N of the profile's
   `gpu_memory_utilization` less a reserve for what an engine holds past vLLM's own accounting
   (memory_share).
-- A replica that exits while the others serve is started again (nginx leaves it out meanwhile);
+- A replica that exits while the others serve is started again (nginx's connections to it are
+  refused meanwhile, and each request goes on to another);
   one that keeps dying waits longer each time, up to a minute. The supervisor is a subreaper: the
   engine core of a replica killed outright is adopted and ended, not left holding its memory.
 - `/ready` on the front door answers from a file the supervisor keeps (every second): 200 with how
@@ -24,9 +26,8 @@ on the profile's address, in the foreground until Ctrl-C or SIGTERM.
   thread, so that /ready, restarts and the watchdog go on while engines swap (minutes on a GPU).
   A replica's reload queue is 0 (RELOAD_QUEUE_ENV): a request that reaches a reloading replica
   gets 503 at once, and nginx sends it on to another one (proxy_next_upstream) instead of leaving
-  it to wait for the new engine. nginx leaves a replica that refused out for its fail_timeout, so
-  the next replica's reload waits that long after the previous one is ready (rolling_reload's
-  settle_s): else both could be left out at once, and nginx answers 502.
+  it to wait for the new engine. The front counts no failures (front.render_site's
+  count_failures), so nginx takes a reloaded replica back at once.
 - Under systemd (`Type=notify`), the supervisor is the main process and speaks sd_notify itself:
   READY=1 once nginx serves, RELOADING=1 ... READY=1 around a roll, STOPPING=1, STATUS with the
   ready replicas, and WATCHDOG=1 while its loop runs. The replicas get no NOTIFY_SOCKET: systemd
@@ -51,7 +52,7 @@ import httpx
 import psutil
 
 from server.lifecycle.rolling_reload import RollError, ready, roll
-from server.replicas.front import READY_FILE, fail_timeout_s, nginx_binary, write_front
+from server.replicas.front import READY_FILE, nginx_binary, write_front
 from server.replicas.metrics_view import MetricsView
 from server.replicas.mps import PROCESS_PREFIX, MpsDaemon, MpsError
 from server.replicas.shared_limits import PrivateRedis
@@ -237,7 +238,7 @@ class Supervisor:
         self._publish_ready()
         conf = write_front(self.prefix, upstreams=[r.port for r in self.replicas], listen=f"{host}:{s.port}",
                            client_limits=self.client_limits, ready_dir=self.prefix, metrics_port=self.metrics.port,
-                           fill_first=s.replicas_fill_first)
+                           fill_first=s.replicas_fill_first, count_failures=False)
         checked = subprocess.run([binary, "-t", "-p", str(self.prefix), "-c", str(conf)],
                                  capture_output=True, text=True, timeout=30)
         if checked.returncode != 0:
@@ -322,8 +323,7 @@ class Supervisor:
     def _rolling_reload(self) -> None:
         keys = self.settings.auth.admin_keys
         try:
-            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info,
-                         settle_s=fail_timeout_s() + 1)
+            steps = roll([r.url for r in self.replicas], admin_key=keys[0] if keys else None, report=logger.info)
             logger.info("rolling reload: %d replica(s) reloaded", len(steps))
         except RollError as exc:
             logger.error("rolling reload stopped: %s", exc)

@@ -76,8 +76,8 @@ class ServerSettings(BaseModel):
     the others `backup`). On a GPU two engines' steps over half a batch each cost more GPU time than
     one engine's step over the whole batch until the batch is large (measured in
     docs/performance/replicas.md), so a small load is best served by one engine. 0: least_conn over
-    every replica from the first request. While a rolling reload has a replica out of rotation, the
-    others are least_conn."""
+    every replica from the first request. A first replica that refuses (reloading, restarting) sends
+    each request on to the others."""
 
     cuda_mps: bool = False
     """With `replicas` > 1 on a GPU, run the replicas as clients of one CUDA MPS control daemon,

@@ -89,22 +89,6 @@ def test_a_failed_reload_stops_the_roll() -> None:
     assert inst.bodies[0] == b'{"config":"/etc/x.yaml"}'
 
 
-def test_settle_waits_between_instances_not_before_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    """settle_s (the replicas' nginx fail_timeout): the next reload starts only after it, once the
-    previous instance is ready again."""
-    from server.lifecycle import rolling_reload
-
-    inst = Instances([A, B, C])
-    slept: list[tuple[int, float]] = []
-    monkeypatch.setattr(rolling_reload.time, "sleep", lambda s: slept.append((len(inst.events), s)) if s else None)
-    roll([A, B, C], client=inst.client(), poll_s=0, report=lambda _: None, settle_s=11.0)
-    reloads = [i for i, (_, what) in enumerate(inst.events) if what == "reload"]
-    assert [s for _, s in slept] == [11.0, 11.0]
-    # each settle after the previous instance's last /ready and before the next reload
-    for (at, _), before, after in zip(slept, reloads, reloads[1:]):
-        assert before < at <= after and inst.events[at - 1][1] == "ready", (slept, inst.events)
-
-
 def test_the_last_ready_instance_is_never_taken_out() -> None:
     inst = Instances([A, B])
     inst.unready[B] = 10**6  # B is down
