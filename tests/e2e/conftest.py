@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -48,11 +49,12 @@ def render_site(
     *,
     upstreams: list[int],
     listen_port: int,
+    **site: Any,
 ) -> str:
     """llm-gateway.conf with test ports; everything else as shipped (server/replicas/front.py, which
-    `serve --replicas` uses too)."""
+    `serve --replicas` uses too; `site`: its other options, e.g. fill_first, count_failures)."""
     return front.render_site(upstreams=upstreams, listen=f"127.0.0.1:{listen_port}",
-                             snippet=tmp / "llm-gateway-proxy.conf", log_dir=tmp)
+                             snippet=tmp / "llm-gateway-proxy.conf", log_dir=tmp, **site)
 
 
 def render_tls(tmp: Path, *, https_port: int, http_port: int, cert: Path, key: Path) -> str:
@@ -110,11 +112,12 @@ class Nginx:
                 self.proc.wait(10)
 
 
-def start_nginx(tmp: Path, upstreams: list[int], *, tls: dict[str, Path] | None = None) -> Nginx:
-    """The shipped site (and optionally the TLS example) on free loopback ports, nginx in the foreground."""
+def start_nginx(tmp: Path, upstreams: list[int], *, tls: dict[str, Path] | None = None, **site: Any) -> Nginx:
+    """The shipped site (and optionally the TLS example) on free loopback ports, nginx in the
+    foreground; `site`: render_site's options (as `serve --replicas` renders it)."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    (tmp / "llm-gateway.conf").write_text(render_site(tmp, upstreams=upstreams, listen_port=port))
+    (tmp / "llm-gateway.conf").write_text(render_site(tmp, upstreams=upstreams, listen_port=port, **site))
     sites = [str(tmp / "llm-gateway.conf")]
     extra: dict[str, int] = {}
     if tls:

@@ -15,8 +15,6 @@ test_replicas.py; this checks the routing rules themselves, where counting matte
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,9 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.replicas import front
-from tests.conftest import free_port, wait_for
-from tests.e2e.conftest import nginx_binary
+from tests.conftest import wait_for
+from tests.e2e.conftest import Nginx, start_nginx
 
 FILL = 3
 
@@ -77,42 +74,10 @@ class Upstream:
         self.server.server_close()
 
 
-class Front:
-    """nginx with the site over `ports` as the replicas' supervisor renders it (fill-first, no
-    failure counting)."""
-
-    def __init__(self, prefix: Path, ports: list[int]) -> None:
-        self.prefix, self.ports = prefix, ports
-        self.port = free_port()
-        self.conf = self.write()
-        self.proc = subprocess.Popen([nginx_binary(), "-p", str(prefix), "-c", str(self.conf), "-g", "daemon off;"],
-                                     stdout=(prefix / "nginx.out").open("wb"), stderr=subprocess.STDOUT)
-        assert wait_for(lambda: self.answers() or self.proc.poll() is not None, timeout=10, interval=0.05)
-        assert self.proc.poll() is None, (prefix / "error.log").read_text()
-
-    def write(self) -> Path:
-        conf = front.write_front(self.prefix, upstreams=self.ports, listen=f"127.0.0.1:{self.port}",
-                                 client_limits=False, fill_first=FILL, count_failures=False)
-        checked = subprocess.run([nginx_binary(), "-t", "-p", str(self.prefix), "-c", str(conf)],
-                                 capture_output=True, text=True, timeout=30)
-        assert checked.returncode == 0, checked.stderr
-        return conf
-
-    def answers(self) -> bool:
-        try:
-            httpx.get(f"http://127.0.0.1:{self.port}/", timeout=1)
-            return True
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_front(tmp: Path, ups: tuple[Upstream, Upstream]) -> Nginx:
+    """nginx with the site over the upstreams as the replicas' supervisor renders it (fill-first, no
+    failure counting; per-client limits off, as for a load test from one address)."""
+    return start_nginx(tmp, [u.port for u in ups], fill_first=FILL, count_failures=False, client_limits=False)
 
 
 @pytest.fixture
@@ -154,8 +119,8 @@ class Held:
 
 def test_fill_first_fills_the_first_replica_then_spills(tmp_path: Path, upstreams: tuple[Upstream, Upstream]) -> None:
     first, second = upstreams
-    nginx = Front(tmp_path, [first.port, second.port])
-    url = f"http://127.0.0.1:{nginx.port}"
+    nginx = start_front(tmp_path, upstreams)
+    url = nginx.base_url
     try:
         lines = [ln.strip() for ln in (tmp_path / "llm-gateway.conf").read_text().splitlines() if "server 127" in ln]
         assert lines == [f"server 127.0.0.1:{first.port} max_fails=0 max_conns={FILL};",
@@ -190,8 +155,8 @@ def test_fill_first_fills_the_first_replica_then_spills(tmp_path: Path, upstream
 def test_a_refusing_first_replica_sends_its_requests_to_the_other(
         tmp_path: Path, upstreams: tuple[Upstream, Upstream]) -> None:
     first, second = upstreams
-    nginx = Front(tmp_path, [first.port, second.port])
-    url = f"http://127.0.0.1:{nginx.port}"
+    nginx = start_front(tmp_path, upstreams)
+    url = nginx.base_url
     try:
         first.release.set()
         second.release.set()
